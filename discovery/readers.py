@@ -1,0 +1,122 @@
+"""Tolerant readers for sysfs/procfs text files.
+
+Every reader returns None (or an empty value) on a missing, unreadable or malformed
+file instead of raising: discovery must produce a partial inventory from a damaged
+tree. Callers that want to tell the operator record a warning themselves.
+"""
+
+from __future__ import annotations
+
+import os
+
+__all__ = [
+    "read_text",
+    "read_int",
+    "read_hex",
+    "parse_cpulist",
+    "parse_cpumask",
+    "normalize_bdf",
+    "parse_link_speed",
+]
+
+
+def read_text(path: str | os.PathLike[str]) -> str | None:
+    """Content stripped of whitespace and trailing NUL bytes; None if unreadable."""
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(65536)
+    except (OSError, ValueError):
+        return None
+    return data.replace(b"\x00", b"").decode("utf-8", "replace").strip()
+
+
+def read_int(path: str | os.PathLike[str], base: int = 10) -> int | None:
+    text = read_text(path)
+    if text is None:
+        return None
+    try:
+        return int(text.split()[0], base) if text else None
+    except ValueError:
+        return None
+
+
+def read_hex(path: str | os.PathLike[str]) -> int | None:
+    return read_int(path, 16)
+
+
+def parse_cpulist(text: str | None) -> list[int] | None:
+    """``0-3,8,10-11`` -> [0, 1, 2, 3, 8, 10, 11]; None when malformed."""
+    if text is None:
+        return None
+    text = text.replace("\x00", "").strip()
+    if not text:
+        return []
+    out: list[int] = []
+    try:
+        for part in text.split(","):
+            part = part.strip()
+            if not part:
+                continue
+            if "-" in part:
+                lo_s, hi_s = part.split("-", 1)
+                lo, hi = int(lo_s), int(hi_s)
+                if lo < 0 or hi < lo or hi - lo > 1 << 16:
+                    return None
+                out.extend(range(lo, hi + 1))
+            else:
+                val = int(part)
+                if val < 0:
+                    return None
+                out.append(val)
+    except ValueError:
+        return None
+    return sorted(set(out))
+
+
+def parse_cpumask(text: str | None) -> list[int] | None:
+    """``00000000,0000ffff`` (32-bit words, most significant first) -> CPU ids."""
+    if text is None:
+        return None
+    text = text.replace("\x00", "").strip()
+    if not text:
+        return []
+    try:
+        value = int(text.replace(",", ""), 16)
+    except ValueError:
+        return None
+    out = []
+    bit = 0
+    while value:
+        if value & 1:
+            out.append(bit)
+        value >>= 1
+        bit += 1
+    return out
+
+
+def normalize_bdf(text: str) -> str | None:
+    """Any ``domain:bus:dev.fn`` spelling (NVML upper-case, 8-digit domain) -> sysfs form."""
+    try:
+        text = text.strip()
+        if text.count(":") == 1:
+            text = "0:" + text
+        dom_s, bus_s, rest = text.split(":")
+        dev_s, fn_s = rest.split(".")
+        dom, bus, dev, fn = int(dom_s, 16), int(bus_s, 16), int(dev_s, 16), int(fn_s, 16)
+    except ValueError:
+        return None
+    if bus > 0xFF or dev > 0x1F or fn > 7 or dom < 0:
+        return None
+    return f"{dom:04x}:{bus:02x}:{dev:02x}.{fn:x}"
+
+
+def parse_link_speed(text: str | None) -> float | None:
+    """``16.0 GT/s PCIe`` / ``8 GT/s`` -> 16.0 / 8.0; None for ``Unknown`` or garbage."""
+    if not text:
+        return None
+    head = text.split()[0]
+    try:
+        val = float(head)
+    except ValueError:
+        return None
+    return val if val > 0 else None
