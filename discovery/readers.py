@@ -21,12 +21,21 @@ __all__ = [
 
 
 def read_text(path: str | os.PathLike[str]) -> str | None:
-    """Content stripped of whitespace and trailing NUL bytes; None if unreadable."""
+    """Content stripped of whitespace and NUL bytes; None if unreadable.
+
+    Uses raw ``os.open``/``os.read``: discovery reads thousands of tiny files and the
+    buffered ``open()`` machinery costs several times more per file.
+    """
     try:
-        with open(path, "rb") as fh:
-            data = fh.read(65536)
+        fd = os.open(path, os.O_RDONLY)
     except (OSError, ValueError):
         return None
+    try:
+        data = os.read(fd, 65536)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
     return data.replace(b"\x00", b"").decode("utf-8", "replace").strip()
 
 
@@ -120,3 +129,62 @@ def parse_link_speed(text: str | None) -> float | None:
     except ValueError:
         return None
     return val if val > 0 else None
+
+
+class DirReader:
+    """Reads files of one directory through a directory fd (``openat``).
+
+    Discovery reads ~15 files per PCI function; resolving the long sysfs path (and
+    the ``bus/pci/devices`` symlink) once per directory instead of once per file,
+    and skipping files the directory listing says are absent, is what keeps it
+    faster than lstopo on the same tree.
+    """
+
+    __slots__ = ("fd", "names")
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        try:
+            self.fd: int | None = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        except (OSError, ValueError):
+            self.fd = None
+            self.names: frozenset[str] = frozenset()
+            return
+        try:
+            self.names = frozenset(os.listdir(self.fd))
+        except OSError:
+            self.names = frozenset()
+
+    def __enter__(self) -> DirReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def text(self, name: str) -> str | None:
+        if self.fd is None or name not in self.names:
+            return None
+        try:
+            fd = os.open(name, os.O_RDONLY, dir_fd=self.fd)
+        except OSError:
+            return None
+        try:
+            data = os.read(fd, 65536)
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+        return data.replace(b"\x00", b"").decode("utf-8", "replace").strip()
+
+    def link(self, name: str) -> str | None:
+        """Basename of the symlink's target."""
+        if self.fd is None or name not in self.names:
+            return None
+        try:
+            return os.path.basename(os.readlink(name, dir_fd=self.fd).rstrip("/")) or None
+        except OSError:
+            return None

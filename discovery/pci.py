@@ -1,0 +1,143 @@
+"""PCI backend: every function and bridge under ``<root>/sys/bus/pci/devices``.
+
+The PCIe tree comes from the resolved sysfs path of each function, exactly the way
+Kubernetes' ``deviceattribute`` helpers derive ``pcieRoot``: the first component
+under ``devices/`` is the root complex, the functions between it and the device are
+its upstream bridges. Dumps whose entries are plain directories (no symlinks) give
+no tree; those devices get no ``pcie_root`` rather than a guessed one.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from discovery.model import PciDevice, PciLink
+from discovery.readers import DirReader, parse_cpulist, parse_cpumask, parse_link_speed
+from discovery.warnings import Warnings
+
+BDF_RE = re.compile(r"^[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+ROOT_RE = re.compile(r"^pci[0-9a-f]{4,8}:[0-9a-f]{2}$")
+BRIDGE_CLASSES = {"0x0604", "0x0609"}
+
+
+def _hex_id(text: str | None, digits: int, what: str, bdf: str, warn: Warnings) -> str | None:
+    if text is None:
+        return None
+    try:
+        return f"0x{int(text, 16):0{digits}x}"
+    except ValueError:
+        warn.add(f"pci {bdf}: malformed {what} {text[:40]!r}")
+        return None
+
+
+def resolve_pci_path(pci_dir: str, entry: str) -> tuple[str, list[str], str] | None:
+    """(pcie_root, upstream_bridges, function dir) from the ``bus/pci/devices`` symlink.
+
+    None when the entry is not a symlink or does not point into ``devices/pci*``.
+    """
+    try:
+        target = os.readlink(os.path.join(pci_dir, entry))
+    except OSError:
+        return None
+    rel = os.path.normpath(os.path.join("bus/pci/devices", target))
+    parts = [p for p in rel.split("/") if p]
+    # Normalised relative to sys/: expect ["devices", "pciDDDD:BB", ..., entry].
+    try:
+        start = parts.index("devices")
+    except ValueError:
+        return None
+    chain = parts[start + 1 :]
+    if not chain or not ROOT_RE.match(chain[0]) or chain[-1] != entry:
+        return None
+    bridges = [p for p in chain[1:-1] if BDF_RE.match(p)]
+    sys_root = os.path.dirname(os.path.dirname(os.path.dirname(pci_dir)))
+    return chain[0], bridges, os.path.join(sys_root, rel)
+
+
+def discover_pci(sys_root: str, warn: Warnings) -> list[PciDevice]:
+    pci_dir = os.path.join(sys_root, "bus", "pci", "devices")
+    try:
+        entries = sorted(os.listdir(pci_dir))
+    except OSError:
+        return []
+    devices = []
+    for entry in entries:
+        bdf = entry.lower()
+        if not BDF_RE.match(bdf):
+            warn.add(f"pci: ignoring unexpected entry {entry[:60]!r} in bus/pci/devices")
+            continue
+        devices.append(_read_function(pci_dir, entry, bdf, warn))
+    return devices
+
+
+def _read_function(pci_dir: str, entry: str, bdf: str, warn: Warnings) -> PciDevice:
+    dev = PciDevice(bus_id=bdf)
+    located = resolve_pci_path(pci_dir, entry)
+    path = os.path.join(pci_dir, entry)
+    if located is not None:
+        dev.pcie_root, dev.upstream_bridges, path = located
+    with DirReader(path) as rd:
+        _fill(dev, rd, warn)
+    return dev
+
+
+def _fill(dev: PciDevice, rd: DirReader, warn: Warnings) -> None:
+    bdf = dev.bus_id
+    cls = rd.text("class")
+    if cls is not None:
+        try:
+            value = int(cls, 16)
+            dev.class_code = f"0x{value >> 8:04x}"
+            dev.prog_if = f"0x{value & 0xFF:02x}"
+        except ValueError:
+            warn.add(f"pci {bdf}: malformed class {cls[:40]!r}")
+    dev.is_bridge = dev.class_code in BRIDGE_CLASSES
+    dev.vendor = _hex_id(rd.text("vendor"), 4, "vendor", bdf, warn)
+    dev.device = _hex_id(rd.text("device"), 4, "device", bdf, warn)
+    dev.subsystem_vendor = _hex_id(rd.text("subsystem_vendor"), 4, "subsystem_vendor", bdf, warn)
+    dev.subsystem_device = _hex_id(rd.text("subsystem_device"), 4, "subsystem_device", bdf, warn)
+
+    numa = rd.text("numa_node")
+    if numa is not None:
+        try:
+            node = int(numa)
+            dev.numa_node = node if node >= 0 else None
+        except ValueError:
+            warn.add(f"pci {bdf}: malformed numa_node {numa[:40]!r}")
+
+    cpus = parse_cpulist(rd.text("local_cpulist"))
+    if cpus is None:
+        cpus = parse_cpumask(rd.text("local_cpus"))
+    dev.local_cpus = cpus or []
+
+    dev.link = PciLink(
+        current_speed_gts=parse_link_speed(rd.text("current_link_speed")),
+        current_width=_int_or_none(rd.text("current_link_width")),
+        max_speed_gts=parse_link_speed(rd.text("max_link_speed")),
+        max_width=_int_or_none(rd.text("max_link_width")),
+    )
+    dev.driver = rd.link("driver")
+    dev.iommu_group = _int_or_none(rd.link("iommu_group"))
+    physfn = rd.link("physfn")
+    dev.physfn = physfn if physfn and BDF_RE.match(physfn) else None
+    total = rd.text("sriov_totalvfs")
+    if total is not None:
+        dev.sriov_totalvfs = _int_or_none(total)
+        dev.sriov_numvfs = _int_or_none(rd.text("sriov_numvfs"))
+        vfs = []
+        for name in rd.names:
+            if name.startswith("virtfn") and name[6:].isdigit():
+                target = rd.link(name)
+                if target and BDF_RE.match(target):
+                    vfs.append((int(name[6:]), target))
+        dev.virtfns = [vf for _, vf in sorted(vfs)]
+
+
+def _int_or_none(text: str | None) -> int | None:
+    if text is None:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        return None
