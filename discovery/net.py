@@ -23,7 +23,9 @@ def _device_path(class_dir: str, name: str) -> str | None:
     entry = os.path.join(class_dir, name)
     try:
         target = os.readlink(entry)
-        return os.path.normpath(os.path.join(os.path.relpath(class_dir, _sys_of(class_dir)), target))
+        return os.path.normpath(
+            os.path.join(os.path.relpath(class_dir, _sys_of(class_dir)), target)
+        )
     except OSError:
         pass
     # Old layouts: a plain class directory with a ``device`` link to the function.

@@ -55,7 +55,9 @@ def discover_numa(sys_root: str, online: list[int], warn: Warnings) -> list[Numa
             if row and len(row) == len(ids):
                 node.distances = dict(zip(ids, row, strict=True))
             elif row:
-                warn.add(f"numa node{nid}: distance row has {len(row)} entries for {len(ids)} nodes")
+                warn.add(
+                    f"numa node{nid}: distance row has {len(row)} entries for {len(ids)} nodes"
+                )
         nodes.append(node)
     return nodes
 

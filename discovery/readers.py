@@ -10,13 +10,13 @@ from __future__ import annotations
 import os
 
 __all__ = [
-    "read_text",
-    "read_int",
-    "read_hex",
+    "normalize_bdf",
     "parse_cpulist",
     "parse_cpumask",
-    "normalize_bdf",
     "parse_link_speed",
+    "read_hex",
+    "read_int",
+    "read_text",
 ]
 
 

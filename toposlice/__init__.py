@@ -1,0 +1,3 @@
+"""toposlice: describe accelerator-node topology to Kubernetes DRA."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,3 @@
+from toposlice.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,168 @@
+"""``toposlice`` command line: discover | slices | graph | machines.
+
+Imports are deferred into each command so a cold ``toposlice discover`` only pays for
+what it uses (the kubernetes client alone costs more than a whole discovery).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import socket
+import sys
+from collections.abc import Sequence
+
+from discovery.model import Inventory
+
+
+def _source_args(p: argparse.ArgumentParser) -> None:
+    src = p.add_mutually_exclusive_group()
+    src.add_argument(
+        "--sysfs-root",
+        default="/",
+        metavar="DIR",
+        help="filesystem root to read (sysfs at DIR/sys); default: this host",
+    )
+    src.add_argument(
+        "--fake",
+        metavar="NAME",
+        help="run against built-in fake hardware (see `toposlice machines`) or a YAML file",
+    )
+    src.add_argument(
+        "--inventory",
+        metavar="FILE",
+        help="read a saved `toposlice discover -o json` inventory instead of a host",
+    )
+    p.add_argument(
+        "--probes",
+        metavar="LIST",
+        help="comma-separated probe names to run (default: all installed)",
+    )
+
+
+def _normalize_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--driver", default="toposlice.dev", help="DRA driver name (default %(default)s)"
+    )
+    p.add_argument(
+        "--numa-list",
+        action="store_true",
+        help="publish numaNode in the list form (needs the DRAListTypeAttributes gate)",
+    )
+    p.add_argument(
+        "--cpu-grouping",
+        choices=["numa", "l3", "core"],
+        default="numa",
+        help="how CPUs are partitioned into devices (default %(default)s)",
+    )
+    p.add_argument(
+        "--legacy-aliases",
+        action="store_true",
+        help="also publish dra.net/numaNode and dra.cpu/numaNodeID",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="toposlice",
+        description="Describe accelerator-node topology to Kubernetes (DRA ResourceSlices).",
+    )
+    parser.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("discover", help="read the node and print its inventory")
+    _source_args(p)
+    p.add_argument("-o", "--output", choices=["table", "json", "yaml"], default="table")
+
+    p = sub.add_parser("slices", help="print the node's ResourceSlices (resource.k8s.io/v1)")
+    _source_args(p)
+    _normalize_args(p)
+    p.add_argument("--node-name", help="Kubernetes node name (default: the inventory's hostname)")
+    p.add_argument("-o", "--output", choices=["yaml", "json"], default="yaml")
+
+    p = sub.add_parser("graph", help="print the node's topology graph")
+    _source_args(p)
+    _normalize_args(p)
+    p.add_argument("-o", "--output", choices=["table", "json", "yaml", "dot"], default="table")
+
+    sub.add_parser("machines", help="list the built-in fake machines")
+    return parser
+
+
+def _inventory(args: argparse.Namespace) -> Inventory:
+    if args.inventory:
+        import json
+
+        with open(args.inventory, encoding="utf-8") as fh:
+            return Inventory.from_dict(json.load(fh))
+    from discovery.discover import discover
+
+    probes = [p.strip() for p in args.probes.split(",") if p.strip()] if args.probes else None
+    return discover(args.sysfs_root, fake=args.fake, probes=probes)
+
+
+def _options(args: argparse.Namespace) -> object:
+    from normalize.options import NormalizeOptions
+
+    return NormalizeOptions(
+        driver=args.driver,
+        numa_list=args.numa_list,
+        cpu_grouping=args.cpu_grouping,
+        legacy_aliases=args.legacy_aliases,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return _run(args)
+    except (OSError, ValueError) as exc:
+        print(f"toposlice: error: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # pragma: no cover - `toposlice ... | head`
+        return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    from toposlice.output import dump
+
+    if args.command == "machines":
+        from discovery.fake import list_machines
+
+        for name in list_machines():
+            print(name)
+        return 0
+
+    inv = _inventory(args)
+    if args.command == "discover":
+        if args.output == "table":
+            from toposlice.output import inventory_table
+
+            sys.stdout.write(inventory_table(inv))
+        else:
+            dump(inv.to_dict(), args.output)
+        return 0
+
+    opts = _options(args)
+    if args.command == "slices":
+        from normalize.slices import build_slices
+
+        node = args.node_name or inv.hostname or socket.gethostname()
+        dump(build_slices(inv, node, opts), args.output)  # type: ignore[arg-type]
+        return 0
+
+    from normalize.graph import build_graph, graph_table, graph_to_dot
+
+    graph = build_graph(inv, opts)  # type: ignore[call-arg]
+    if args.output == "table":
+        sys.stdout.write(graph_table(graph))
+    elif args.output == "dot":
+        sys.stdout.write(graph_to_dot(graph))
+    else:
+        dump(graph, args.output)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
