@@ -1,0 +1,180 @@
+"""DeviceAttribute values and the standard ``resource.kubernetes.io/*`` attributes.
+
+Attribute values are plain dicts in the API's JSON form: ``{"int": 3}``, ``{"string": "x"}``,
+``{"bool": True}``, ``{"version": "1.2.3"}``, ``{"ints": [...]}``, ``{"strings": [...]}``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from discovery.model import Gpu, Inventory, NumaNode, PciDevice
+
+from .options import NormalizeOptions
+
+Attr = dict[str, Any]
+Attrs = dict[str, Attr]
+
+STANDARD_DOMAIN = "resource.kubernetes.io"
+PCI_BUS_ID = f"{STANDARD_DOMAIN}/pciBusID"
+PCIE_ROOT = f"{STANDARD_DOMAIN}/pcieRoot"
+NUMA_NODE = f"{STANDARD_DOMAIN}/numaNode"
+LEGACY_NIC_NUMA = "dra.net/numaNode"
+LEGACY_CPU_NUMA = "dra.cpu/numaNodeID"
+
+MAX_STRING = 64
+LIST_KEYS = frozenset({"ints", "bools", "strings", "versions"})
+
+PCI_BUS_ID_RE = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-9a-f]$")
+SEMVER_RE = re.compile(
+    r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
+    r"(?:-((?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)(?:\.(?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*))*))?"
+    r"(?:\+([0-9a-zA-Z-]+(?:\.[0-9a-zA-Z-]+)*))?$"
+)
+_INT64_MIN = -(2**63)
+_INT64_MAX = 2**63 - 1
+
+
+def a_int(value: int) -> Attr:
+    return {"int": int(value)}
+
+
+def a_bool(value: bool) -> Attr:
+    return {"bool": bool(value)}
+
+
+def a_ints(values: list[int]) -> Attr:
+    return {"ints": [int(v) for v in values]}
+
+
+def a_string(value: str | None, *, truncate: bool = False) -> Attr | None:
+    """A string attribute, or None when empty or longer than 64 characters.
+
+    ``truncate`` cuts over-long free text (model names) instead of dropping it; never use it for
+    identifiers, whose prefix would be a different identifier.
+    """
+    if value is None:
+        return None
+    value = value.strip()
+    if not value:
+        return None
+    if len(value) > MAX_STRING:
+        if not truncate:
+            return None
+        value = value[:MAX_STRING].rstrip()
+    return {"string": value}
+
+
+def a_strings(values: list[str]) -> Attr | None:
+    kept = [v for v in values if v and len(v) <= MAX_STRING]
+    return {"strings": kept} if kept else None
+
+
+def is_semver(text: str) -> bool:
+    return len(text) <= MAX_STRING and bool(SEMVER_RE.match(text))
+
+
+def to_semver(text: str | None) -> str | None:
+    """``4.0`` -> ``4.0.0``, ``9`` -> ``9.0.0``; strict semver is kept; anything else is None."""
+    if text is None:
+        return None
+    text = text.strip().removeprefix("v")
+    if is_semver(text):
+        return text
+    parts = text.split(".")
+    if 1 <= len(parts) <= 2 and all(p.isdigit() for p in parts):
+        nums = [str(int(p)) for p in parts] + ["0"] * (3 - len(parts))
+        candidate = ".".join(nums)
+        return candidate if is_semver(candidate) else None
+    return None
+
+
+def a_version(text: str | None, *, lenient: bool = True) -> Attr | None:
+    """A version attribute; ``lenient`` pads ``X.Y`` to ``X.Y.0``, strict keeps only semver."""
+    if text is None:
+        return None
+    value = to_semver(text) if lenient else (text if is_semver(text) else None)
+    return {"version": value} if value else None
+
+
+def value_count(attr: Attr) -> int:
+    """Number of values an attribute contributes to the 48-per-device budget."""
+    for key, val in attr.items():
+        if key in LIST_KEYS and isinstance(val, list):
+            return len(val)
+    return 1
+
+
+def is_list_attr(attr: Attr) -> bool:
+    return any(k in LIST_KEYS for k in attr)
+
+
+def int_fits(value: int) -> bool:
+    return _INT64_MIN <= value <= _INT64_MAX
+
+
+def numa_list(inv: Inventory, node: int) -> list[int]:
+    """KEP-6072 list form for a device on NUMA node ``node``.
+
+    ``[node]`` followed by the other nodes of the same socket (``NumaNode.package``) at the
+    minimum SLIT distance from ``node``. Only nodes with CPUs are candidates: memory-only nodes
+    (CXL, a GPU's own memory) are not part of the host locality of a PCI device; the KEP leaves
+    them unspecified. Without SLIT or socket data the list is just ``[node]``.
+    """
+    me = inv.numa(node)
+    if me is None or me.package is None or not me.distances:
+        return [node]
+    peers: list[tuple[int, NumaNode]] = []
+    for other in inv.numa_nodes:
+        if other.id == node or other.package != me.package:
+            continue
+        if other.memory_only or other.gpu_bus_id is not None or not other.cpus:
+            continue
+        dist = me.distances.get(other.id)
+        if dist is None:
+            continue
+        peers.append((dist, other))
+    if not peers:
+        return [node]
+    best = min(d for d, _ in peers)
+    return [node, *sorted(o.id for d, o in peers if d == best)]
+
+
+def gpu_numa_list(inv: Inventory, kernel_node: int, gpu: Gpu | None) -> list[int]:
+    """List form for a GPU: the host list of its kernel node, then its own memory node (GB200)."""
+    out = numa_list(inv, kernel_node)
+    if gpu is not None and gpu.memory_numa_node is not None and gpu.memory_numa_node not in out:
+        out.append(gpu.memory_numa_node)
+    return out
+
+
+def numa_attribute(
+    inv: Inventory, node: int | None, opts: NormalizeOptions, gpu: Gpu | None = None
+) -> Attr | None:
+    """``resource.kubernetes.io/numaNode`` value for a device on kernel NUMA node ``node``."""
+    if node is None or node < 0:
+        return None
+    if not opts.numa_list:
+        return a_int(node)
+    return a_ints(gpu_numa_list(inv, node, gpu))
+
+
+def pci_standard_attributes(
+    inv: Inventory, bus_id: str, opts: NormalizeOptions, gpu: Gpu | None = None
+) -> Attrs:
+    """The three standard attributes of a PCI function, each only when derivable."""
+    attrs: Attrs = {}
+    if PCI_BUS_ID_RE.match(bus_id):
+        attrs[PCI_BUS_ID] = {"string": bus_id}
+    pci: PciDevice | None = inv.pci(bus_id)
+    if pci is None:
+        return attrs
+    if pci.pcie_root:
+        root = a_string(pci.pcie_root)
+        if root is not None:
+            attrs[PCIE_ROOT] = root
+    numa = numa_attribute(inv, pci.numa_node, opts, gpu)
+    if numa is not None:
+        attrs[NUMA_NODE] = numa
+    return attrs

@@ -1,0 +1,297 @@
+"""Inventory -> DRA Device dicts (``{"name", "attributes", "capacity"}``, API JSON form)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import replace
+from typing import Any
+
+from discovery.model import Gpu, Inventory, Nic, PciDevice
+
+from . import names
+from .attributes import (
+    LEGACY_CPU_NUMA,
+    LEGACY_NIC_NUMA,
+    NUMA_NODE,
+    PCIE_ROOT,
+    Attr,
+    Attrs,
+    a_bool,
+    a_int,
+    a_string,
+    a_strings,
+    a_version,
+    int_fits,
+    numa_attribute,
+    pci_standard_attributes,
+    value_count,
+)
+from .cpugroups import CpuGroup, cpu_groups, cpu_list_text
+from .options import NormalizeOptions
+
+Device = dict[str, Any]
+
+MAX_ATTRS_AND_CAPACITY = 32
+MAX_ATTRIBUTE_VALUES = 48
+
+#: PCIe per-lane, per-direction throughput in MB/s by generation (hwloc table, decimal MB).
+PCIE_LANE_MBPS: dict[int, int] = {1: 250, 2: 500, 3: 985, 4: 1969, 5: 3938, 6: 7563, 7: 15125}
+_SPEED_TO_GEN: dict[float, int] = {2.5: 1, 5.0: 2, 8.0: 3, 16.0: 4, 32.0: 5, 64.0: 6, 128.0: 7}
+
+
+def pcie_generation(speed_gts: float | None) -> int | None:
+    if speed_gts is None:
+        return None
+    for speed, gen in _SPEED_TO_GEN.items():
+        if abs(speed - speed_gts) < 0.01:
+            return gen
+    return None
+
+
+def pcie_bandwidth_mbps(gen: int | None, width: int | None) -> int | None:
+    """Per-direction link throughput in MB/s (per-lane table × width)."""
+    if gen is None or width is None or width <= 0 or gen not in PCIE_LANE_MBPS:
+        return None
+    return PCIE_LANE_MBPS[gen] * width
+
+
+def quantity(n: int) -> str:
+    """Exact bytes (or a count) as a Quantity string: binary suffix when divisible."""
+    if n <= 0:
+        return str(max(n, 0))
+    for suffix, power in (("Ei", 60), ("Pi", 50), ("Ti", 40), ("Gi", 30), ("Mi", 20), ("Ki", 10)):
+        if n % (1 << power) == 0:
+            return f"{n >> power}{suffix}"
+    return str(n)
+
+
+def pcie_switch(pci: PciDevice | None) -> str | None:
+    """Bus id of the upstream port of the nearest PCIe switch above the device, if any."""
+    if pci is None or len(pci.upstream_bridges) < 2:
+        return None
+    return pci.upstream_bridges[-2]
+
+
+def nvlink_domain(inv: Inventory, gpu: Gpu) -> str | None:
+    """Fabric clique when ready; else a node-local id for NVSwitch / direct-NVLink GPUs."""
+    if gpu.fabric is not None and gpu.fabric.clique is not None:
+        return gpu.fabric.clique
+    host = inv.hostname or "localhost"
+    if any(link.remote_type == "switch" for link in gpu.nvlinks):
+        return _node_domain(host, "nvswitch")
+    gpu_links = {link.remote_bus_id for link in gpu.nvlinks if link.remote_type == "gpu"}
+    if not gpu_links - {None}:
+        return None
+    # Direct NVLink (no switch): the connected component, named after its lowest bus id.
+    component = _nvlink_component(inv, gpu.bus_id)
+    return _node_domain(host, f"nvlink-{names.bdf_slug(min(component))}")
+
+
+def _node_domain(host: str, tail: str) -> str:
+    text = f"{host}-{tail}"
+    if len(text) <= 64:
+        return text
+    keep = 64 - len(tail) - 10
+    return f"{host[:keep]}-{names.short_hash(host)}-{tail}"
+
+
+def _nvlink_component(inv: Inventory, start: str) -> set[str]:
+    adj: dict[str, set[str]] = {g.bus_id: set() for g in inv.gpus}
+    for g in inv.gpus:
+        for link in g.nvlinks:
+            if link.remote_type == "gpu" and link.remote_bus_id in adj:
+                adj[g.bus_id].add(link.remote_bus_id)
+                adj[link.remote_bus_id].add(g.bus_id)
+    seen = {start}
+    todo = [start]
+    while todo:
+        for peer in adj.get(todo.pop(), ()):
+            if peer not in seen:
+                seen.add(peer)
+                todo.append(peer)
+    return seen
+
+
+def _put(attrs: Attrs, key: str, value: Attr | None) -> None:
+    if value is not None:
+        attrs[key] = value
+
+
+def _put_int(attrs: Attrs, key: str, value: int | None) -> None:
+    if value is not None and int_fits(value):
+        attrs[key] = a_int(value)
+
+
+def _pcie_link_attrs(attrs: Attrs, pci: PciDevice | None) -> None:
+    if pci is None:
+        return
+    gen = pcie_generation(pci.link.current_speed_gts)
+    _put_int(attrs, "pcieGen", gen)
+    _put_int(attrs, "pcieWidth", pci.link.current_width)
+    _put_int(attrs, "pcieBandwidthMBps", pcie_bandwidth_mbps(gen, pci.link.current_width))
+    _put(attrs, "pcieSwitch", a_string(pcie_switch(pci)))
+
+
+def fit_budget(attrs: Attrs, capacity: dict[str, Any]) -> Attrs:
+    """Drop trailing (lowest-priority) attributes until the per-device limits hold."""
+    kept: Attrs = {}
+    values = 0
+    for key, val in attrs.items():
+        n = value_count(val)
+        if len(kept) + len(capacity) + 1 > MAX_ATTRS_AND_CAPACITY:
+            break
+        if values + n > MAX_ATTRIBUTE_VALUES:
+            continue
+        kept[key] = val
+        values += n
+    return kept
+
+
+def _device(name: str, attrs: Attrs, capacity: dict[str, Any]) -> Device:
+    dev: Device = {"name": name, "attributes": fit_budget(attrs, capacity)}
+    if capacity:
+        dev["capacity"] = capacity
+    return dev
+
+
+def gpu_device(inv: Inventory, gpu: Gpu, opts: NormalizeOptions, name: str) -> Device:
+    pci = inv.pci(gpu.bus_id)
+    attrs: Attrs = {"type": {"string": "gpu"}}
+    attrs.update(pci_standard_attributes(inv, gpu.bus_id, opts, gpu))
+    _put(attrs, "vendor", a_string(gpu.vendor))
+    _put(attrs, "model", a_string(gpu.model, truncate=True))
+    _put(attrs, "uuid", a_string(gpu.uuid))
+    _put_int(attrs, "index", gpu.index)
+    _put_int(attrs, "minor", gpu.minor)
+    _put(attrs, "architecture", a_string(gpu.architecture, truncate=True))
+    _put(attrs, "computeCapability", a_version(gpu.compute_capability))
+    _put(attrs, "driverVersion", a_version(gpu.driver_version, lenient=False))
+    if gpu.mig_mode is not None:
+        attrs["migMode"] = a_bool(gpu.mig_mode)
+    _pcie_link_attrs(attrs, pci)
+    if gpu.nvlinks:
+        versions = Counter(link.version for link in gpu.nvlinks if link.version)
+        if versions:
+            _put(attrs, "nvlinkVersion", a_version(versions.most_common(1)[0][0]))
+        attrs["nvlinkLinks"] = a_int(len(gpu.nvlinks))
+    _put(attrs, "nvlinkDomain", a_string(nvlink_domain(inv, gpu)))
+    if gpu.fabric is not None:
+        _put(attrs, "nvlinkClique", a_string(gpu.fabric.clique))
+    if gpu.xgmi_hive_id and gpu.xgmi_hive_id.strip("0x") != "":
+        _put(attrs, "xgmiHive", a_string(gpu.xgmi_hive_id))
+    if gpu.memory_numa_node is not None:
+        attrs["memoryNumaNode"] = a_int(gpu.memory_numa_node)
+    capacity: dict[str, Any] = {}
+    if gpu.memory_bytes:
+        capacity["memory"] = {"value": quantity(gpu.memory_bytes)}
+    return _device(name, attrs, capacity)
+
+
+def nic_device(inv: Inventory, nic: Nic, opts: NormalizeOptions, name: str) -> Device:
+    pci = inv.pci(nic.bus_id)
+    attrs: Attrs = {"type": {"string": "nic"}}
+    attrs.update(pci_standard_attributes(inv, nic.bus_id, opts))
+    _put(attrs, "vendor", a_string(nic.vendor, truncate=True))
+    _put(attrs, "model", a_string(nic.model, truncate=True))
+    _put(attrs, "netdev", a_string(nic.netdevs[0] if nic.netdevs else None))
+    _put(attrs, "rdmaDevice", a_string(nic.rdma_devices[0] if nic.rdma_devices else None))
+    _put(attrs, "linkLayer", a_string(nic.link_layer))
+    speed = nic.speed_mbps
+    if (speed is None or speed <= 0) and nic.rate_gbps:
+        speed = round(nic.rate_gbps * 1000)
+    if speed is not None and speed > 0:
+        _put_int(attrs, "speedMbps", speed)
+    attrs["sriovVF"] = a_bool(nic.is_vf)
+    if pci is not None and nic.is_vf and pci.physfn:
+        _put(attrs, "sriovPF", a_string(pci.physfn))
+    _put(attrs, "nodeGuid", a_string(nic.node_guid))
+    _pcie_link_attrs(attrs, pci)
+    if opts.legacy_aliases and pci is not None and pci.numa_node is not None:
+        attrs[LEGACY_NIC_NUMA] = a_int(pci.numa_node)
+    return _device(name, attrs, {})
+
+
+def cpu_device(inv: Inventory, group: CpuGroup, opts: NormalizeOptions) -> Device:
+    attrs: Attrs = {"type": {"string": "cpu"}}
+    _put(attrs, NUMA_NODE, numa_attribute(inv, group.numa_node, opts))
+    if opts.numa_list and group.pcie_roots:
+        _put(attrs, PCIE_ROOT, a_strings(list(group.pcie_roots)))
+    _put(attrs, "vendor", a_string(inv.host.get("cpu_vendor"), truncate=True))
+    _put(attrs, "model", a_string(inv.host.get("cpu_model"), truncate=True))
+    _put(attrs, "grouping", a_string(group.kind))
+    _put_int(attrs, "package", group.package)
+    _put_int(attrs, "l3Cache", group.l3_id)
+    _put_int(attrs, "core", group.core)
+    _put(attrs, "cpuList", a_string(cpu_list_text(group.cpus)))
+    if group.pcie_roots:
+        if opts.numa_list:
+            _put(attrs, "pcieRoots", a_strings(list(group.pcie_roots)))
+        else:
+            _put(attrs, "pcieRoots", a_string(",".join(group.pcie_roots)))
+    if opts.legacy_aliases and group.numa_node is not None:
+        attrs[LEGACY_CPU_NUMA] = a_int(group.numa_node)
+    capacity: dict[str, Any] = {"cpus": {"value": str(len(group.cpus))}}
+    if group.memory_bytes:
+        capacity["memory"] = {"value": quantity(group.memory_bytes)}
+    return _device(group.name, attrs, capacity)
+
+
+def _gpu_order(gpu: Gpu) -> str:
+    return gpu.bus_id.lower()
+
+
+def _nic_order(nic: Nic) -> str:
+    return nic.bus_id.lower()
+
+
+def _ordered(inv: Inventory, opts: NormalizeOptions) -> tuple[list[Gpu], list[Nic], list[CpuGroup]]:
+    """Devices in pool order, with final unique names (CPU groups already renamed)."""
+    gpus = sorted(inv.gpus, key=_gpu_order)
+    nics = sorted(inv.nics, key=_nic_order)
+    groups = cpu_groups(inv, opts.cpu_grouping)
+    return gpus, nics, groups
+
+
+def _unique(
+    gpus: list[Gpu], nics: list[Nic], groups: list[CpuGroup]
+) -> tuple[list[str], list[str], list[str]]:
+    pairs = [(names.gpu_name(g.bus_id), f"gpu:{g.bus_id}") for g in gpus]
+    pairs += [(names.nic_name(n.bus_id), f"nic:{n.bus_id}") for n in nics]
+    pairs += [(g.name, f"cpu_group:{g.name}:{g.cpus}") for g in groups]
+    unique = names.unique_names(pairs)
+    a, b = len(gpus), len(gpus) + len(nics)
+    return unique[:a], unique[a:b], unique[b:]
+
+
+def device_names(inv: Inventory, opts: NormalizeOptions | None = None) -> dict[str, str]:
+    """Map graph vertex ids (``gpu:<bus>``, ``nic:<bus>``, ``cpu_group:<group name>``) to the
+    published DRA device names."""
+    opts = opts or NormalizeOptions()
+    gpus, nics, groups = _ordered(inv, opts)
+    gn, nn, cn = _unique(gpus, nics, groups)
+    out: dict[str, str] = {}
+    for gpu, name in zip(gpus, gn, strict=True):
+        out.setdefault(f"gpu:{gpu.bus_id}", name)
+    for nic, name in zip(nics, nn, strict=True):
+        out.setdefault(f"nic:{nic.bus_id}", name)
+    for group, name in zip(groups, cn, strict=True):
+        out.setdefault(f"cpu_group:{group.name}", name)
+    return out
+
+
+def build_devices(inv: Inventory, opts: NormalizeOptions | None = None) -> list[Device]:
+    """All devices of the pool: GPUs by bus id, then NICs by bus id, then CPU groups
+    (by NUMA node). Names are unique within the pool."""
+    opts = opts or NormalizeOptions()
+    gpus, nics, groups = _ordered(inv, opts)
+    gn, nn, cn = _unique(gpus, nics, groups)
+    out: list[Device] = []
+    for gpu, name in zip(gpus, gn, strict=True):
+        out.append(gpu_device(inv, gpu, opts, name))
+    for nic, name in zip(nics, nn, strict=True):
+        out.append(nic_device(inv, nic, opts, name))
+    for group, name in zip(groups, cn, strict=True):
+        if name != group.name:
+            group = replace(group, name=name)
+        out.append(cpu_device(inv, group, opts))
+    return out

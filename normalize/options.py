@@ -1,0 +1,33 @@
+"""Options that change how an Inventory is turned into ResourceSlices."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+CpuGrouping = Literal["numa", "l3", "core"]
+
+#: Upstream per-slice device limits (resource.k8s.io/v1).
+MAX_DEVICES_PER_SLICE = 128
+MAX_DEVICES_PER_SLICE_RESTRICTED = 64
+
+
+@dataclass(frozen=True)
+class NormalizeOptions:
+    driver: str = "toposlice.dev"
+    """DRA driver name; also the domain of unqualified attribute names."""
+    numa_list: bool = False
+    """Publish ``resource.kubernetes.io/numaNode`` in the KEP-6072 list form (``ints``), and
+    CPU-group PCIe roots as ``strings`` lists. Needs the ``DRAListTypeAttributes`` gate."""
+    cpu_grouping: CpuGrouping = "numa"
+    """One CPU device per NUMA node, per L3 cache group, or per physical core."""
+    legacy_aliases: bool = False
+    """Also publish ``dra.net/numaNode`` on NICs and ``dra.cpu/numaNodeID`` on CPU groups."""
+    max_devices_per_slice: int = MAX_DEVICES_PER_SLICE
+    """Split the pool into slices of at most this many devices (capped by the upstream limits)."""
+
+    def __post_init__(self) -> None:
+        if self.cpu_grouping not in ("numa", "l3", "core"):
+            raise ValueError(f"cpu_grouping must be numa, l3 or core, not {self.cpu_grouping!r}")
+        if self.max_devices_per_slice < 1:
+            raise ValueError("max_devices_per_slice must be >= 1")

@@ -1,0 +1,190 @@
+from __future__ import annotations
+
+from typing import Any
+
+from discovery.model import Gpu, Inventory, Nic, PciDevice
+from normalize.attributes import (
+    NUMA_NODE,
+    PCI_BUS_ID,
+    PCIE_ROOT,
+    a_string,
+    numa_list,
+    to_semver,
+)
+from normalize.devices import build_devices, quantity
+from normalize.options import NormalizeOptions
+from tests.test_normalize_inventories import amd, dgx, gb200, snc
+
+
+def _dev(devs: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    return next(d for d in devs if d["name"] == name)
+
+
+def test_gpu_standard_and_driver_attributes() -> None:
+    dev = _dev(build_devices(dgx()), "gpu-0000-1a-00-0")
+    a = dev["attributes"]
+    assert a[PCI_BUS_ID] == {"string": "0000:1a:00.0"}
+    assert a[PCIE_ROOT] == {"string": "pci0000:17"}
+    assert a[NUMA_NODE] == {"int": 0}
+    assert a["type"] == {"string": "gpu"}
+    assert a["index"] == {"int": 0}
+    assert a["computeCapability"] == {"version": "9.0.0"}
+    assert a["driverVersion"] == {"version": "550.54.15"}
+    assert a["nvlinkVersion"] == {"version": "4.0.0"}
+    assert a["nvlinkLinks"] == {"int": 18}
+    assert a["nvlinkDomain"] == {"string": "dgx-01-nvswitch"}  # all-zero cluster: no clique
+    assert "nvlinkClique" not in a
+    assert a["migMode"] == {"bool": False}
+    assert a["pcieGen"] == {"int": 5} and a["pcieWidth"] == {"int": 16}
+    assert a["pcieBandwidthMBps"] == {"int": 3938 * 16}
+    assert a["pcieSwitch"] == {"string": "0000:18:00.0"}
+    assert dev["capacity"] == {"memory": {"value": "80Gi"}}
+    for attr in a.values():
+        assert len(attr) == 1
+
+
+def test_gb200_clique_and_invalid_semver_driver() -> None:
+    a = _dev(build_devices(gb200()), "gpu-0008-01-00-0")["attributes"]
+    clique = "7f1e0a4c-2b3d-4e5f-8a9b-0c1d2e3f4a5b.32766"
+    assert a["nvlinkClique"] == {"string": clique}
+    assert a["nvlinkDomain"] == {"string": clique}
+    assert "driverVersion" not in a  # 570.124.06 has a leading zero: not semver
+    assert a["memoryNumaNode"] == {"int": 2}
+
+
+def test_numa_omitted_when_unknown_and_5_digit_domain() -> None:
+    devs = build_devices(gb200())
+    a = _dev(devs, "nic-10000-01-00-0")["attributes"]
+    assert PCI_BUS_ID not in a
+    assert NUMA_NODE not in a
+    assert a[PCIE_ROOT] == {"string": "pci10000:00"}
+
+
+def test_numa_minus_one_is_none_in_model_and_not_published() -> None:
+    inv = Inventory(hostname="h")
+    inv.pci_devices.append(PciDevice(bus_id="0000:01:00.0", numa_node=None, locality_numa_node=0))
+    inv.nics.append(Nic(bus_id="0000:01:00.0", probe="x"))
+    a = build_devices(inv, NormalizeOptions(numa_list=True))[0]["attributes"]
+    assert NUMA_NODE not in a
+    assert PCIE_ROOT not in a  # no pcie_root known
+
+
+def test_list_form_numa_snc() -> None:
+    inv = snc()
+    assert numa_list(inv, 3) == [3, 2]
+    assert numa_list(inv, 0) == [0, 1]
+    a = build_devices(inv, NormalizeOptions(numa_list=True))[0]["attributes"]
+    assert a[NUMA_NODE] == {"ints": [3, 2]}
+    a = build_devices(inv)[0]["attributes"]
+    assert a[NUMA_NODE] == {"int": 3}
+
+
+def test_list_form_gpu_memory_node_gb200() -> None:
+    devs = build_devices(gb200(), NormalizeOptions(numa_list=True))
+    # Kernel (Grace) node first; memory-only nodes are not host peers; then the GPU's memory.
+    assert _dev(devs, "gpu-0008-01-00-0")["attributes"][NUMA_NODE] == {"ints": [0, 2]}
+    assert _dev(devs, "gpu-0019-01-00-0")["attributes"][NUMA_NODE] == {"ints": [1, 5]}
+    assert _dev(devs, "nic-0000-03-00-0")["attributes"][NUMA_NODE] == {"ints": [0]}
+
+
+def test_cpu_group_pcie_roots_scalar_and_list() -> None:
+    devs = build_devices(dgx())
+    cpu0 = _dev(devs, "cpu-numa0")
+    roots = "pci0000:00,pci0000:17,pci0000:29,pci0000:39,pci0000:5c"
+    assert cpu0["attributes"]["pcieRoots"] == {"string": roots}
+    assert cpu0["attributes"][NUMA_NODE] == {"int": 0}
+    assert PCIE_ROOT not in cpu0["attributes"]
+    assert cpu0["capacity"] == {"cpus": {"value": "16"}, "memory": {"value": "1Ti"}}
+    devs = build_devices(dgx(), NormalizeOptions(numa_list=True))
+    cpu0 = _dev(devs, "cpu-numa0")
+    assert cpu0["attributes"]["pcieRoots"] == {"strings": roots.split(",")}
+    assert cpu0["attributes"][PCIE_ROOT] == {"strings": roots.split(",")}
+
+
+def test_cpu_group_pcie_roots_too_long_omitted() -> None:
+    inv = snc()
+    for i in range(10):
+        inv.pci_devices.append(
+            PciDevice(bus_id=f"0000:{i:02x}:00.0", numa_node=0, pcie_root=f"pci0000:{i:02x}")
+        )
+    cpu0 = _dev(build_devices(inv), "cpu-numa0")
+    assert "pcieRoots" not in cpu0["attributes"]
+
+
+def test_legacy_aliases() -> None:
+    devs = build_devices(dgx(), NormalizeOptions(legacy_aliases=True))
+    assert _dev(devs, "nic-0000-9d-00-0")["attributes"]["dra.net/numaNode"] == {"int": 1}
+    assert _dev(devs, "cpu-numa1")["attributes"]["dra.cpu/numaNodeID"] == {"int": 1}
+    assert "dra.net/numaNode" not in _dev(devs, "gpu-0000-9c-00-0")["attributes"]
+    devs = build_devices(dgx())
+    assert "dra.net/numaNode" not in _dev(devs, "nic-0000-9d-00-0")["attributes"]
+
+
+def test_nic_attributes_and_vf() -> None:
+    inv = dgx()
+    inv.pci_devices.append(PciDevice(bus_id="0000:1b:00.1", numa_node=0, physfn="0000:1b:00.0"))
+    inv.nics.append(Nic(bus_id="0000:1b:00.1", probe="rdma", is_vf=True, netdevs=["ib0v0"]))
+    devs = build_devices(inv)
+    pf = _dev(devs, "nic-0000-1b-00-0")["attributes"]
+    assert pf["rdmaDevice"] == {"string": "mlx5_0"}
+    assert pf["netdev"] == {"string": "ibp27s0"}
+    assert pf["speedMbps"] == {"int": 400000}
+    assert pf["linkLayer"] == {"string": "InfiniBand"}
+    assert pf["sriovVF"] == {"bool": False}
+    vf = _dev(devs, "nic-0000-1b-00-1")["attributes"]
+    assert vf["sriovVF"] == {"bool": True}
+    assert vf["sriovPF"] == {"string": "0000:1b:00.0"}
+
+
+def test_amd_model_truncated_and_hive() -> None:
+    a = _dev(build_devices(amd()), "gpu-0000-05-00-0")["attributes"]
+    assert len(a["model"]["string"]) <= 64
+    assert a["xgmiHive"] == {"string": "0x1f2e3d4c5b6a7988"}
+    assert "nvlinkDomain" not in a
+
+
+def test_helpers() -> None:
+    assert to_semver("4.0") == "4.0.0"
+    assert to_semver("9") == "9.0.0"
+    assert to_semver("1.2.3-rc.1") == "1.2.3-rc.1"
+    assert to_semver("535.104.05") is None
+    assert a_string("x" * 65) is None
+    assert a_string("x" * 65, truncate=True) == {"string": "x" * 64}
+    assert quantity(80 << 30) == "80Gi"
+    assert quantity(1000) == "1000"
+    assert quantity(3 << 10) == "3Ki"
+
+
+def test_device_order_and_budget() -> None:
+    inv = gb200()
+    devs = build_devices(inv)
+    kinds = [d["attributes"]["type"]["string"] for d in devs]
+    assert kinds == sorted(kinds, key=["gpu", "nic", "cpu"].index)
+    gpu_names = [d["name"] for d in devs if d["name"].startswith("gpu-")]
+    assert gpu_names == sorted(gpu_names)
+    for d in devs:
+        assert len(d["attributes"]) + len(d.get("capacity", {})) <= 32
+
+
+def test_direct_nvlink_domain() -> None:
+    from discovery.model import NvLink
+
+    inv = Inventory(hostname="pair")
+    a, b = "0000:01:00.0", "0000:02:00.0"
+    inv.gpus = [
+        Gpu(
+            bus_id=a,
+            vendor="nvidia",
+            probe="x",
+            nvlinks=[NvLink(link=0, remote_bus_id=b, remote_type="gpu")],
+        ),
+        Gpu(
+            bus_id=b,
+            vendor="nvidia",
+            probe="x",
+            nvlinks=[NvLink(link=0, remote_bus_id=a, remote_type="gpu")],
+        ),
+    ]
+    devs = build_devices(inv)
+    doms = {d["attributes"]["nvlinkDomain"]["string"] for d in devs if d["name"].startswith("gpu")}
+    assert doms == {"pair-nvlink-0000-01-00-0"}
