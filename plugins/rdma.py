@@ -1,0 +1,132 @@
+"""NICs: every network-class PCI function, with its netdevs and RDMA devices.
+
+Built entirely from what sysfs discovery found (``pci_devices``, ``net_interfaces``,
+``rdma_devices``); works the same on a live host and on a replayed dump.
+"""
+
+from __future__ import annotations
+
+from discovery.model import Inventory, Nic, PciDevice, RdmaDevice, RdmaPort
+from plugins.base import ProbeContext, ProbeReport, ProbeUnavailable
+from plugins.pci_accel import class_code, parse_id, vendor_word
+
+__all__ = ["NIC_MODELS", "RdmaProbe"]
+
+NIC_MODELS: dict[tuple[int, int], str] = {
+    # NVIDIA networking (Mellanox)
+    (0x15B3, 0x1013): "ConnectX-4",
+    (0x15B3, 0x1015): "ConnectX-4 Lx",
+    (0x15B3, 0x1017): "ConnectX-5",
+    (0x15B3, 0x1018): "ConnectX-5 VF",
+    (0x15B3, 0x1019): "ConnectX-5 Ex",
+    (0x15B3, 0x101B): "ConnectX-6",
+    (0x15B3, 0x101C): "ConnectX-6 VF",
+    (0x15B3, 0x101D): "ConnectX-6 Dx",
+    (0x15B3, 0x101E): "ConnectX VF",
+    (0x15B3, 0x101F): "ConnectX-6 Lx",
+    (0x15B3, 0x1021): "ConnectX-7",
+    (0x15B3, 0x1023): "ConnectX-8",
+    (0x15B3, 0xA2D6): "BlueField-2",
+    (0x15B3, 0xA2DC): "BlueField-3",
+    # Intel
+    (0x8086, 0x1591): "E810",
+    (0x8086, 0x1592): "E810",
+    (0x8086, 0x1593): "E810",
+    (0x8086, 0x159B): "E810",
+    (0x8086, 0x1889): "Adaptive VF",
+    (0x8086, 0x1572): "X710",
+    (0x8086, 0x1583): "XL710",
+    (0x8086, 0x158B): "XXV710",
+    # Broadcom
+    (0x14E4, 0x1750): "BCM57508",
+    # Amazon
+    (0x1D0F, 0xEC20): "ENA",
+    (0x1D0F, 0xEC21): "ENA",
+    (0x1D0F, 0xEFA0): "EFA",
+    (0x1D0F, 0xEFA1): "EFA",
+    (0x1D0F, 0xEFA2): "EFA",
+    # Google
+    (0x1AE0, 0x0042): "gVNIC",
+    # virtio
+    (0x1AF4, 0x1000): "virtio-net",
+    (0x1AF4, 0x1041): "virtio-net",
+}
+
+
+def is_network(dev: PciDevice) -> bool:
+    cls = class_code(dev)
+    return cls is not None and cls >> 8 == 0x02
+
+
+def _active(port: RdmaPort) -> bool:
+    return port.state is not None and "ACTIVE" in port.state.upper()
+
+
+def _best_port(devices: list[RdmaDevice]) -> tuple[RdmaDevice, RdmaPort | None] | None:
+    """The first RDMA device/port that is active, else the first device's first port."""
+    for rd in devices:
+        for port in sorted(rd.ports, key=lambda p: p.port):
+            if _active(port):
+                return rd, port
+    if not devices:
+        return None
+    first = devices[0]
+    ports = sorted(first.ports, key=lambda p: p.port)
+    return first, (ports[0] if ports else None)
+
+
+def _unique(items: list[str]) -> list[str]:
+    return list(dict.fromkeys(items))
+
+
+def _nic(dev: PciDevice, host: Inventory, probe: str) -> Nic:
+    vendor = parse_id(dev.vendor)
+    device = parse_id(dev.device)
+    model = NIC_MODELS.get((vendor, device)) if vendor is not None and device is not None else None
+    netdevs = _unique(
+        list(dev.net) + [n.name for n in host.net_interfaces if n.bus_id == dev.bus_id]
+    )
+    rdma_names = _unique(
+        list(dev.rdma) + [r.name for r in host.rdma_devices if r.bus_id == dev.bus_id]
+    )
+    nic = Nic(
+        bus_id=dev.bus_id,
+        probe=probe,
+        vendor=vendor_word(vendor) if vendor is not None else None,
+        model=model,
+        netdevs=netdevs,
+        rdma_devices=rdma_names,
+        is_vf=dev.physfn is not None,
+    )
+    speeds = [
+        n.speed_mbps
+        for n in host.net_interfaces
+        if n.name in netdevs and n.speed_mbps is not None and n.speed_mbps > 0
+    ]
+    nic.speed_mbps = max(speeds) if speeds else None
+    by_name = {r.name: r for r in host.rdma_devices}
+    best = _best_port([by_name[name] for name in rdma_names if name in by_name])
+    if best is not None:
+        rd, port = best
+        nic.node_guid = rd.node_guid
+        if port is not None:
+            nic.rate_gbps = port.rate_gbps
+            nic.link_layer = port.link_layer
+    return nic
+
+
+class RdmaProbe:
+    name = "rdma"
+
+    def probe(self, ctx: ProbeContext) -> ProbeReport:
+        nics: dict[str, Nic] = {}
+        for dev in ctx.host.pci_devices:
+            if is_network(dev) and dev.bus_id not in nics:
+                nics[dev.bus_id] = _nic(dev, ctx.host, self.name)
+        if not nics:
+            raise ProbeUnavailable("no network-class PCI functions")
+        report = ProbeReport(nics=sorted(nics.values(), key=lambda n: n.bus_id))
+        rdma = sum(1 for n in report.nics if n.rdma_devices)
+        vfs = sum(1 for n in report.nics if n.is_vf)
+        report.detail = f"{len(report.nics)} NICs ({rdma} with RDMA, {vfs} VFs)"
+        return report
