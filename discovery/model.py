@@ -22,6 +22,10 @@ INVENTORY_SCHEMA = "toposlice.inventory/v1"
 ProbeState = Literal["ok", "unavailable", "error"]
 
 
+def _fields(obj: Any) -> tuple[dataclasses.Field[Any], ...]:
+    return dataclasses.fields(obj)
+
+
 class Record:
     """Shared ``__eq__``/``__repr__`` for the inventory dataclasses.
 
@@ -34,14 +38,12 @@ class Record:
     def __eq__(self, other: object) -> bool:
         if type(other) is not type(self):
             return NotImplemented
-        return all(
-            getattr(self, f.name) == getattr(other, f.name) for f in dataclasses.fields(self)
-        )
+        return all(getattr(self, f.name) == getattr(other, f.name) for f in _fields(self))
 
     __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
-        args = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self))
+        args = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in _fields(self))
         return f"{type(self).__name__}({args})"
 
 
@@ -168,6 +170,21 @@ class NvLink(Record):
 
 
 @dataclass(eq=False, repr=False)
+class XgmiLink(Record):
+    """One direct xGMI link as AMD's KFD topology reports it."""
+
+    peer_bus_id: str
+    weight: int | None = None
+    """KFD link weight: 15 per xGMI hop (what ``amd-smi topology`` prints as WEIGHT)."""
+    min_bandwidth_mbps: int | None = None
+    max_bandwidth_mbps: int | None = None
+
+    @property
+    def hops(self) -> int | None:
+        return None if self.weight is None else max(1, self.weight // 15)
+
+
+@dataclass(eq=False, repr=False)
 class Fabric(Record):
     """GPU fabric (multi-node NVLink) membership as NVML reports it."""
 
@@ -208,6 +225,7 @@ class Gpu(Record):
     xgmi_hive_id: str | None = None
     xgmi_peers: list[str] = field(default_factory=list)
     """Bus ids of GPUs with a direct xGMI link."""
+    xgmi_links: list[XgmiLink] = field(default_factory=list)
     fabric: Fabric | None = None
 
 
@@ -274,7 +292,8 @@ class Inventory(Record):
         return None
 
     def to_dict(self) -> dict[str, Any]:
-        return _to_jsonable(self)  # type: ignore[no-any-return]
+        out: dict[str, Any] = _to_jsonable(self)
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Inventory:

@@ -359,7 +359,16 @@ def _xgmi_edges(b: _Builder, inv: Inventory) -> None:
                 continue
             seen.add(key)
             a, c = sorted(key)
-            b.edge(f"gpu:{a}", f"gpu:{c}", "xgmi", {"hive_id": _hive(gpus[a])})
+            attrs: dict[str, Any] = {"hive_id": _hive(gpus[a])}
+            link = next((x for x in gpu.xgmi_links if x.peer_bus_id == peer), None)
+            if link is not None:
+                attrs.update(
+                    weight=link.weight,
+                    hops=link.hops,
+                    min_bandwidth_mbps=link.min_bandwidth_mbps,
+                    max_bandwidth_mbps=link.max_bandwidth_mbps,
+                )
+            b.edge(f"gpu:{a}", f"gpu:{c}", "xgmi", attrs)
 
 
 def _hive(gpu: Gpu) -> str | None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from discovery.model import Gpu, PciDevice
+from discovery.model import Gpu, PciDevice, XgmiLink
 from discovery.readers import read_text
 from plugins.base import ProbeContext, ProbeReport, ProbeUnavailable, sysfs
 
@@ -179,6 +179,7 @@ class _KfdNode:
     bus_id: str
     props: dict[str, int]
     links_to: list[int] = field(default_factory=list)
+    link_props: dict[int, dict[str, int]] = field(default_factory=dict)
     memory_bytes: int | None = None
 
 
@@ -232,6 +233,7 @@ def _read_kfd(root: Path, gpu_bus_ids: set[str], warnings: list[str]) -> dict[st
                 peer = link.get("node_to")
                 if peer is not None and peer != node_id and peer not in node.links_to:
                     node.links_to.append(peer)
+                    node.link_props[peer] = link
         by_bus[bus_id] = node
     return by_bus
 
@@ -246,9 +248,22 @@ def _apply_kfd(gpu: Gpu, node: _KfdNode, node_bus: dict[int, str]) -> None:
     if unique > 0:
         gpu.uuid = f"0x{unique:016x}"
     gpu.architecture = gfx_name(props.get("gfx_target_version", 0))
-    peers = {node_bus[p] for p in node.links_to if p in node_bus}
-    peers.discard(gpu.bus_id)
-    gpu.xgmi_peers = sorted(peers)
+    links = []
+    for peer in node.links_to:
+        peer_bus = node_bus.get(peer)
+        if peer_bus is None or peer_bus == gpu.bus_id:
+            continue
+        lp = node.link_props.get(peer, {})
+        links.append(
+            XgmiLink(
+                peer_bus_id=peer_bus,
+                weight=lp.get("weight"),
+                min_bandwidth_mbps=lp.get("min_bandwidth"),
+                max_bandwidth_mbps=lp.get("max_bandwidth"),
+            )
+        )
+    gpu.xgmi_links = sorted(links, key=lambda link: link.peer_bus_id)
+    gpu.xgmi_peers = [link.peer_bus_id for link in gpu.xgmi_links]
 
 
 class PciAcceleratorProbe:

@@ -11,8 +11,12 @@ import logging
 import socket
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from discovery.model import Inventory
+
+if TYPE_CHECKING:
+    from normalize.options import NormalizeOptions
 
 
 def _source_args(p: argparse.ArgumentParser) -> None:
@@ -101,7 +105,7 @@ def _inventory(args: argparse.Namespace) -> Inventory:
     return discover(args.sysfs_root, fake=args.fake, probes=probes)
 
 
-def _options(args: argparse.Namespace) -> object:
+def _options(args: argparse.Namespace) -> NormalizeOptions:
     from normalize.options import NormalizeOptions
 
     return NormalizeOptions(
@@ -149,12 +153,12 @@ def _run(args: argparse.Namespace) -> int:
         from normalize.slices import build_slices
 
         node = args.node_name or inv.hostname or socket.gethostname()
-        dump(build_slices(inv, node, opts), args.output)  # type: ignore[arg-type]
+        dump(build_slices(inv, node, opts), args.output)
         return 0
 
     from normalize.graph import build_graph, graph_table, graph_to_dot
 
-    graph = build_graph(inv, opts)  # type: ignore[call-arg]
+    graph = build_graph(inv, opts)
     if args.output == "table":
         sys.stdout.write(graph_table(graph))
     elif args.output == "dot":

@@ -65,13 +65,14 @@ def inventory_table(inv: Inventory) -> str:
     if inv.nics:
         lines.append("")
         lines.append(f"{'NIC':<15}{'NUMA':<6}{'ROOT':<13}{'RDMA':<10}{'NETDEV':<16}MODEL")
-        for n in inv.nics:
-            dev = inv.pci(n.bus_id)
+        for nic in inv.nics:
+            dev = inv.pci(nic.bus_id)
             numa = "-" if dev is None or dev.numa_node is None else str(dev.numa_node)
             root = (dev.pcie_root if dev else None) or "-"
-            rdma = ",".join(n.rdma_devices) or "-"
-            net = ",".join(n.netdevs) or "-"
-            lines.append(f"{n.bus_id:<15}{numa:<6}{root:<13}{rdma:<10}{net:<16}{n.model or '-'}")
+            rdma = ",".join(nic.rdma_devices) or "-"
+            net = ",".join(nic.netdevs) or "-"
+            model = nic.model or "-"
+            lines.append(f"{nic.bus_id:<15}{numa:<6}{root:<13}{rdma:<10}{net:<16}{model}")
     lines.append("")
     lines.append("probes: " + ", ".join(f"{p.name}={p.state}" for p in inv.probes))
     for w in inv.warnings:
