@@ -49,6 +49,8 @@ class Record:
 
 @dataclass(eq=False, repr=False)
 class NumaNode(Record):
+    """A NUMA node: its online CPUs, memory and SLIT row."""
+
     id: int
     cpus: list[int] = field(default_factory=list)
     """Online CPUs whose kernel NUMA node is this one (empty for memory-only nodes)."""
@@ -64,6 +66,8 @@ class NumaNode(Record):
 
 @dataclass(eq=False, repr=False)
 class Cpu(Record):
+    """One online logical CPU and where it sits (package, die, cluster, core, cache)."""
+
     id: int
     package: int | None = None
     die: int | None = None
@@ -78,6 +82,8 @@ class Cpu(Record):
 
 @dataclass(eq=False, repr=False)
 class CacheGroup(Record):
+    """CPUs sharing one last-level cache (an L3 / CCX / LLC domain)."""
+
     level: int
     cpus: list[int]
     id: int | None = None
@@ -87,6 +93,8 @@ class CacheGroup(Record):
 
 @dataclass(eq=False, repr=False)
 class PciLink(Record):
+    """PCIe link state of a function: current and maximum speed (GT/s) and width."""
+
     current_speed_gts: float | None = None
     current_width: int | None = None
     max_speed_gts: float | None = None
@@ -95,6 +103,8 @@ class PciLink(Record):
 
 @dataclass(eq=False, repr=False)
 class PciDevice(Record):
+    """One PCI function (endpoint or bridge) with its place in the PCIe tree."""
+
     bus_id: str
     """``dddd:bb:dd.f``, lower-case, as in sysfs (domains wider than 16 bits keep all digits)."""
     class_code: str | None = None
@@ -128,6 +138,8 @@ class PciDevice(Record):
 
 @dataclass(eq=False, repr=False)
 class NetInterface(Record):
+    """A network interface and the PCI function it hangs off, if any."""
+
     name: str
     bus_id: str | None = None
     """Nearest PCI function on the interface's device path; None for virtual ones."""
@@ -140,6 +152,8 @@ class NetInterface(Record):
 
 @dataclass(eq=False, repr=False)
 class RdmaPort(Record):
+    """One port of an RDMA device."""
+
     port: int
     rate_gbps: float | None = None
     state: str | None = None
@@ -149,6 +163,8 @@ class RdmaPort(Record):
 
 @dataclass(eq=False, repr=False)
 class RdmaDevice(Record):
+    """An RDMA device (``/sys/class/infiniband``) and its PCI function."""
+
     name: str
     bus_id: str | None = None
     node_guid: str | None = None
@@ -160,6 +176,8 @@ class RdmaDevice(Record):
 
 @dataclass(eq=False, repr=False)
 class NvLink(Record):
+    """One active NVLink of a GPU."""
+
     link: int
     version: str | None = None
     """NVLink generation as text (``4.0``), not the NVML enum."""
@@ -206,6 +224,8 @@ class Fabric(Record):
 
 @dataclass(eq=False, repr=False)
 class Gpu(Record):
+    """A GPU or other accelerator, keyed by PCI bus id."""
+
     bus_id: str
     vendor: str
     """``nvidia`` | ``amd`` | ``intel`` | other lower-case vendor word."""
@@ -231,6 +251,8 @@ class Gpu(Record):
 
 @dataclass(eq=False, repr=False)
 class Nic(Record):
+    """A network PCI function with its netdevs and RDMA devices."""
+
     bus_id: str
     probe: str
     vendor: str | None = None
@@ -246,6 +268,8 @@ class Nic(Record):
 
 @dataclass(eq=False, repr=False)
 class NvSwitch(Record):
+    """An NVSwitch visible as a PCI device on this host."""
+
     bus_id: str
     probe: str
     vendor: str = "nvidia"
@@ -254,6 +278,8 @@ class NvSwitch(Record):
 
 @dataclass(eq=False, repr=False)
 class ProbeStatus(Record):
+    """How a vendor probe ended: ``ok``, ``unavailable`` (no library/hardware) or ``error``."""
+
     name: str
     state: ProbeState
     detail: str = ""
@@ -261,6 +287,8 @@ class ProbeStatus(Record):
 
 @dataclass(eq=False, repr=False)
 class Inventory(Record):
+    """Everything known about one node; the JSON form is a public, versioned interface."""
+
     schema: str = INVENTORY_SCHEMA
     hostname: str | None = None
     source: dict[str, str] = field(default_factory=dict)

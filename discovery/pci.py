@@ -82,7 +82,36 @@ def _read_function(pci_dir: str, entry: str, bdf: str, warn: Warnings) -> PciDev
     return dev
 
 
+def _from_uevent(dev: PciDevice, text: str | None) -> bool:
+    """Identity and driver from ``uevent`` (one read instead of six); False if unusable."""
+    if not text:
+        return False
+    keys = dict(line.partition("=")[::2] for line in text.splitlines())
+    try:
+        value = int(keys["PCI_CLASS"], 16)
+        vendor, device = (int(x, 16) for x in keys["PCI_ID"].split(":"))
+        sub_v, sub_d = (int(x, 16) for x in keys.get("PCI_SUBSYS_ID", "").split(":"))
+    except (KeyError, ValueError):
+        return False
+    if value > 0xFFFFFF or max(vendor, device, sub_v, sub_d) > 0xFFFF:
+        return False
+    dev.class_code = f"0x{value >> 8:04x}"
+    dev.prog_if = f"0x{value & 0xFF:02x}"
+    dev.vendor, dev.device = f"0x{vendor:04x}", f"0x{device:04x}"
+    dev.subsystem_vendor, dev.subsystem_device = f"0x{sub_v:04x}", f"0x{sub_d:04x}"
+    dev.driver = keys.get("DRIVER") or None
+    return True
+
+
 def _fill(dev: PciDevice, rd: DirReader, warn: Warnings) -> None:
+    bdf = dev.bus_id
+    if not _from_uevent(dev, rd.text("uevent")):
+        _fill_ids(dev, rd, warn)
+    dev.is_bridge = dev.class_code in BRIDGE_CLASSES
+    _fill_locality(dev, rd, warn)
+
+
+def _fill_ids(dev: PciDevice, rd: DirReader, warn: Warnings) -> None:
     bdf = dev.bus_id
     cls = rd.text("class")
     if cls is not None:
@@ -92,12 +121,15 @@ def _fill(dev: PciDevice, rd: DirReader, warn: Warnings) -> None:
             dev.prog_if = f"0x{value & 0xFF:02x}"
         except ValueError:
             warn.add(f"pci {bdf}: malformed class {cls[:40]!r}")
-    dev.is_bridge = dev.class_code in BRIDGE_CLASSES
     dev.vendor = _hex_id(rd.text("vendor"), 4, "vendor", bdf, warn)
     dev.device = _hex_id(rd.text("device"), 4, "device", bdf, warn)
     dev.subsystem_vendor = _hex_id(rd.text("subsystem_vendor"), 4, "subsystem_vendor", bdf, warn)
     dev.subsystem_device = _hex_id(rd.text("subsystem_device"), 4, "subsystem_device", bdf, warn)
+    dev.driver = rd.link("driver")
 
+
+def _fill_locality(dev: PciDevice, rd: DirReader, warn: Warnings) -> None:
+    bdf = dev.bus_id
     numa = rd.text("numa_node")
     if numa is not None:
         try:
@@ -117,7 +149,6 @@ def _fill(dev: PciDevice, rd: DirReader, warn: Warnings) -> None:
         max_speed_gts=parse_link_speed(rd.text("max_link_speed")),
         max_width=_int_or_none(rd.text("max_link_width")),
     )
-    dev.driver = rd.link("driver")
     dev.iommu_group = _int_or_none(rd.link("iommu_group"))
     physfn = rd.link("physfn")
     dev.physfn = physfn if physfn and BDF_RE.match(physfn) else None

@@ -8,7 +8,6 @@ inventory has no CPUs at all.
 
 from __future__ import annotations
 
-import platform
 from pathlib import Path
 
 from discovery.readers import read_int, read_text
@@ -54,6 +53,11 @@ ARM_PARTS: dict[tuple[int, int], str] = {
 def parse_cpuinfo(text: str) -> dict[str, str]:
     """The first processor block's ``key : value`` pairs (plus later keys not seen before)."""
     out: dict[str, str] = {}
+    # Blocks repeat per CPU (50 KB on a 128-CPU host); the first and the last block
+    # (machine-wide trailer lines on Arm/POWER) hold every distinct key.
+    blocks = text.split("\n\n")
+    if len(blocks) > 2:
+        text = blocks[0] + "\n" + blocks[-1]
     for line in text.splitlines():
         key, sep, value = line.partition(":")
         if not sep:
@@ -112,10 +116,9 @@ def _facts(info: dict[str, str]) -> dict[str, str]:
 
 def _freq_max_mhz(root: Path, cpus: list[int], live: bool) -> int | None:
     best: int | None = None
+    base = str(root / "devices" / "system" / "cpu")
     for cpu in cpus:
-        khz = read_int(
-            root / "devices" / "system" / "cpu" / f"cpu{cpu}" / "cpufreq" / "cpuinfo_max_freq"
-        )
+        khz = read_int(f"{base}/cpu{cpu}/cpufreq/cpuinfo_max_freq")
         if khz is not None and khz > 0:
             best = max(best or 0, khz // 1000)
     if best is None and live:
@@ -144,6 +147,8 @@ class CpuProbe:
             report.warnings.append("cpu: /proc/cpuinfo is not readable")
         if ctx.live:
             try:
+                import platform
+
                 machine = platform.machine()
             except Exception:
                 machine = ""

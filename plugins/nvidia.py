@@ -8,9 +8,7 @@ error leaves the field None and adds at most one warning per GPU and fact kind.
 
 from __future__ import annotations
 
-import ctypes
 import importlib
-import uuid
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -95,6 +93,8 @@ def _bus_id(pci: Any) -> str | None:
 
 def _uuid_text(raw: Any) -> str | None:
     """16 raw bytes (bytes, ctypes array, int list) or a UUID string -> 8-4-4-4-12 lower-case."""
+    import uuid  # deferred: only NVML hosts pay for it
+
     if raw is None:
         return None
     if isinstance(raw, str):
@@ -269,6 +269,8 @@ def _fabric_attempts(nvml: Any) -> list[tuple[str, Any]]:
 
 def _fabric_arg(struct: Any, version: int) -> tuple[Any, Any]:
     """(object NVML fills, argument to pass)."""
+    import ctypes  # deferred: only NVML hosts pay for it
+
     obj: Any
     if isinstance(struct, type) and issubclass(struct, ctypes.Structure):
         obj = struct()

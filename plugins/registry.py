@@ -9,6 +9,7 @@ are used directly so ``python -m toposlice`` still works.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import logging
 import os
@@ -33,12 +34,14 @@ BUILTIN: dict[str, str] = {
 }
 
 
+@functools.cache
 def scan_entry_points(group: str) -> dict[str, str]:
     """``name -> "module:attr"`` of one entry-point group across ``sys.path``.
 
     Same data as ``importlib.metadata.entry_points(group=...)``, read directly from
     the ``*.dist-info/entry_points.txt`` files: importing importlib.metadata alone
-    costs about as much as a whole discovery, and the CLI must start fast.
+    costs about as much as a whole discovery, and the CLI must start fast. Cached for
+    the process: the daemon rediscovers periodically, installed probes do not change.
     """
     found: dict[str, str] = {}
     header = f"[{group}]"
@@ -82,7 +85,7 @@ def load_probes(names: Sequence[str] | None = None) -> list[tuple[str, Probe | E
     """Probes in run order; a probe that fails to load is returned as its exception."""
     targets: dict[str, str] = dict(BUILTIN)
     try:
-        for name, value in scan_entry_points(GROUP).items():
+        for name, value in dict(scan_entry_points(GROUP)).items():
             targets.setdefault(name, value)
     except Exception as exc:  # a broken distribution must not hide the built-ins
         log.warning("cannot read entry points of %s: %s", GROUP, exc)

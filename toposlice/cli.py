@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import socket
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -150,6 +149,8 @@ def _run(args: argparse.Namespace) -> int:
 
     opts = _options(args)
     if args.command == "slices":
+        import socket
+
         from normalize.slices import build_slices
 
         node = args.node_name or inv.hostname or socket.gethostname()
