@@ -104,7 +104,6 @@ def _from_uevent(dev: PciDevice, text: str | None) -> bool:
 
 
 def _fill(dev: PciDevice, rd: DirReader, warn: Warnings) -> None:
-    bdf = dev.bus_id
     if not _from_uevent(dev, rd.text("uevent")):
         _fill_ids(dev, rd, warn)
     dev.is_bridge = dev.class_code in BRIDGE_CLASSES
