@@ -108,10 +108,10 @@ def inventory_json_schema() -> dict[str, Any]:
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "$id": SCHEMA_ID,
         "title": "toposlice node inventory",
+        **root,
         "description": (
             "Output of `toposlice discover -o json`: facts about one node as discovery and"
             " the vendor probes found them. Fields are only ever added within a schema version."
         ),
-        **root,
         "$defs": dict(sorted(defs.items())),
     }

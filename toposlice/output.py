@@ -9,7 +9,8 @@ from typing import Any, TextIO
 from discovery.model import Inventory
 
 
-def dump(data: Any, fmt: str, out: TextIO = sys.stdout) -> None:
+def dump(data: Any, fmt: str, out: TextIO | None = None) -> None:
+    out = sys.stdout if out is None else out
     if fmt == "json":
         json.dump(data, out, indent=2, sort_keys=False)
         out.write("\n")
