@@ -30,6 +30,11 @@ def read_text(path: str | os.PathLike[str]) -> str | None:
         fd = os.open(path, os.O_RDONLY)
     except (OSError, ValueError):
         return None
+    return _read_fd(fd)
+
+
+def _read_fd(fd: int) -> str | None:
+    """Read and close ``fd``; text without NULs and surrounding whitespace."""
     try:
         data = os.read(fd, 65536)
     except OSError:
@@ -172,13 +177,7 @@ class DirReader:
             fd = os.open(name, os.O_RDONLY, dir_fd=self.fd)
         except OSError:
             return None
-        try:
-            data = os.read(fd, 65536)
-        except OSError:
-            return None
-        finally:
-            os.close(fd)
-        return data.replace(b"\x00", b"").decode("utf-8", "replace").strip()
+        return _read_fd(fd)
 
     def link(self, name: str) -> str | None:
         """Basename of the symlink's target."""

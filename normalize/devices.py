@@ -6,6 +6,7 @@ from collections import Counter
 from dataclasses import replace
 from typing import Any
 
+from discovery.bandwidth import pcie_generation, pcie_link_gbps
 from discovery.model import Gpu, Inventory, Nic, PciDevice
 
 from . import names
@@ -34,25 +35,11 @@ Device = dict[str, Any]
 MAX_ATTRS_AND_CAPACITY = 32
 MAX_ATTRIBUTE_VALUES = 48
 
-#: PCIe per-lane, per-direction throughput in MB/s by generation (hwloc table, decimal MB).
-PCIE_LANE_MBPS: dict[int, int] = {1: 250, 2: 500, 3: 985, 4: 1969, 5: 3938, 6: 7563, 7: 15125}
-_SPEED_TO_GEN: dict[float, int] = {2.5: 1, 5.0: 2, 8.0: 3, 16.0: 4, 32.0: 5, 64.0: 6, 128.0: 7}
-
-
-def pcie_generation(speed_gts: float | None) -> int | None:
-    if speed_gts is None:
-        return None
-    for speed, gen in _SPEED_TO_GEN.items():
-        if abs(speed - speed_gts) < 0.01:
-            return gen
-    return None
-
 
 def pcie_bandwidth_mbps(gen: int | None, width: int | None) -> int | None:
-    """Per-direction link throughput in MB/s (per-lane table × width)."""
-    if gen is None or width is None or width <= 0 or gen not in PCIE_LANE_MBPS:
-        return None
-    return PCIE_LANE_MBPS[gen] * width
+    """Per-direction link throughput in MB/s (DRA attributes have no floats)."""
+    gbps = pcie_link_gbps(gen, width)
+    return None if gbps is None else int(gbps * 1000 + 0.5)
 
 
 def quantity(n: int) -> str:

@@ -10,11 +10,12 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from discovery.bandwidth import NVLINK_LINK_GBPS, pcie_generation, pcie_link_gbps
 from discovery.model import Gpu, Inventory, NvLink, PciDevice
 
 from .attributes import to_semver
 from .cpugroups import cpu_groups, cpu_list_text, device_numa
-from .devices import device_names, pcie_generation
+from .devices import device_names
 from .options import NormalizeOptions
 from .relations import (
     RelationMatrix,
@@ -26,34 +27,10 @@ from .relations import (
 
 GRAPH_SCHEMA = "toposlice.graph/v1"
 
-#: PCIe per-lane, per-direction GB/s by generation (hwloc misc.h).
-PCIE_LANE_GBPS: dict[int, float] = {
-    1: 0.25,
-    2: 0.5,
-    3: 8 * 128 / 130 / 8,
-    4: 16 * 128 / 130 / 8,
-    5: 32 * 128 / 130 / 8,
-    6: 64 * 242 / 256 / 8,
-    7: 128 * 242 / 256 / 8,
-}
-
-#: NVLink per-link, per-direction GB/s by major.minor generation (hwloc table).
-NVLINK_LINK_GBPS: dict[str, float] = {
-    "1.0": 20.0,
-    "2.0": 25.0,
-    "2.2": 25.0,
-    "3.0": 25.0,
-    "3.1": 25.0,
-    "4.0": 25.0,
-    "5.0": 50.0,
-}
-
 
 def pcie_bandwidth_gbps(speed_gts: float | None, width: int | None) -> float | None:
-    gen = pcie_generation(speed_gts)
-    if gen is None or not width:
-        return None
-    return round(PCIE_LANE_GBPS[gen] * width, 3)
+    gbps = pcie_link_gbps(pcie_generation(speed_gts), width)
+    return None if gbps is None else round(gbps, 3)
 
 
 def nvlink_link_gbps(link: NvLink) -> float | None:

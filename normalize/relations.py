@@ -20,6 +20,7 @@ import re
 from dataclasses import dataclass, field
 
 from discovery.model import Gpu, Inventory, Nic, PciDevice
+from discovery.readers import normalize_bdf
 
 from .cpugroups import cpu_list_text
 
@@ -59,14 +60,10 @@ class RelationMatrix:
 
 
 def canonical_bus_id(bus_id: str | None) -> str | None:
-    """Parse ``domain:bus:dev.fn`` (any case / domain width) into sysfs form; else lower-case."""
+    """Any spelling of a bus id (NVML's upper-case 8-digit domain) in sysfs form."""
     if bus_id is None:
         return None
-    m = re.match(r"^([0-9a-fA-F]+):([0-9a-fA-F]+):([0-9a-fA-F]+)\.([0-9a-fA-F]+)$", bus_id.strip())
-    if not m:
-        return bus_id.strip().lower()
-    d, b, dv, fn = (int(x, 16) for x in m.groups())
-    return f"{d:04x}:{b:02x}:{dv:02x}.{fn:x}"
+    return normalize_bdf(bus_id) or bus_id.strip().lower()
 
 
 def natural_key(text: str) -> tuple[tuple[int, int | str], ...]:

@@ -12,6 +12,7 @@ import importlib
 from collections.abc import Callable
 from typing import Any, Literal
 
+from discovery.bandwidth import NVLINK_LINK_GBPS
 from discovery.model import Fabric, Gpu, NvLink, NvSwitch
 from discovery.readers import normalize_bdf
 from plugins.base import ProbeContext, ProbeReport, ProbeUnavailable
@@ -32,16 +33,7 @@ NVLINK_VERSIONS: dict[int, str] = {
     7: "5.0",
     8: "6.0",
 }
-# Per link and direction, GB/s (hwloc's table; 6.0 not in it yet).
-NVLINK_BANDWIDTH_GBPS: dict[str, float] = {
-    "1.0": 20.0,
-    "2.0": 25.0,
-    "2.2": 25.0,
-    "3.0": 25.0,
-    "3.1": 25.0,
-    "4.0": 25.0,
-    "5.0": 50.0,
-}
+NVLINK_BANDWIDTH_GBPS = NVLINK_LINK_GBPS
 RemoteType = Literal["gpu", "switch", "npu", "unknown"]
 _REMOTE_TYPES: dict[int, RemoteType] = {0: "gpu", 1: "npu", 2: "switch"}
 _FABRIC_STATES = ("not_supported", "not_started", "in_progress", "completed")

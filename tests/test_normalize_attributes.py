@@ -36,7 +36,8 @@ def test_gpu_standard_and_driver_attributes() -> None:
     assert "nvlinkClique" not in a
     assert a["migMode"] == {"bool": False}
     assert a["pcieGen"] == {"int": 5} and a["pcieWidth"] == {"int": 16}
-    assert a["pcieBandwidthMBps"] == {"int": 3938 * 16}
+    # Gen5 x16: 32 GT/s x 128/130 / 8 bits x 16 lanes = 63.015 GB/s per direction.
+    assert a["pcieBandwidthMBps"] == {"int": 63015}
     assert a["pcieSwitch"] == {"string": "0000:18:00.0"}
     assert dev["capacity"] == {"memory": {"value": "80Gi"}}
     for attr in a.values():
