@@ -1,0 +1,476 @@
+"""Write a Linux-shaped sysfs (and a little procfs) tree for a :class:`MachineSpec`.
+
+The layout follows the kernel's: real directories for PCI functions nested under
+their bridges below ``sys/devices/pci<DDDD>:<BB>``, relative symlinks for every
+``bus/`` and ``class/`` view, per-CPU topology and cache directories, NUMA nodes,
+net/RDMA class devices and the KFD topology of AMD GPUs. Output is deterministic:
+the same spec always produces byte-identical files and links.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+from discovery.fake.spec import MachineSpec, PciDeviceSpec, format_cpulist
+
+__all__ = ["build_sysfs", "cpumask", "function_dir"]
+
+
+def cpumask(cpus: Iterable[int], nr_cpus: int) -> str:
+    """Kernel bitmap format: 32-bit hex words, most significant first, comma-separated."""
+    value = 0
+    for c in cpus:
+        value |= 1 << c
+    words = max(1, (nr_cpus + 31) // 32)
+    return ",".join(f"{(value >> (32 * w)) & 0xFFFFFFFF:08x}" for w in reversed(range(words)))
+
+
+def function_dir(spec: MachineSpec, bdf: str) -> str:
+    """Path of a PCI function's directory relative to ``sys/``."""
+    chain = [d.bdf for d in spec.ancestors(bdf)]
+    return "/".join(["devices", spec.pcie_root(bdf), *chain, bdf])
+
+
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+
+
+class _Writer:
+    def __init__(self, base: Path) -> None:
+        self.base = str(base)
+        self.made: set[str] = set()
+
+    def mkdir(self, rel: str) -> str:
+        path = os.path.join(self.base, rel)
+        if rel not in self.made:
+            os.makedirs(path, exist_ok=True)
+            self.made.add(rel)
+        return path
+
+    def files(self, rel_dir: str, entries: dict[str, str]) -> None:
+        dfd = os.open(self.mkdir(rel_dir), os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            for name, text in entries.items():
+                fd = os.open(name, _CREATE, 0o644, dir_fd=dfd)
+                try:
+                    os.write(fd, (text + "\n").encode())
+                finally:
+                    os.close(fd)
+        finally:
+            os.close(dfd)
+
+    def link(self, rel_link: str, rel_target: str) -> None:
+        """Symlink ``rel_link`` -> ``rel_target`` (both relative to the base), relative."""
+        parent = os.path.dirname(rel_link)
+        self.mkdir(parent)
+        target = os.path.relpath(rel_target, parent or ".")
+        os.symlink(target, os.path.join(self.base, rel_link))
+
+
+def build_sysfs(spec: MachineSpec, root: Path) -> None:
+    """Create ``root/sys``, ``root/proc/cpuinfo`` and ``root/etc/hostname`` for ``spec``."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    if (root / "sys").exists():
+        raise FileExistsError(f"{root / 'sys'} already exists")
+    w = _Writer(root / "sys")
+    _build_cpus(spec, w)
+    _build_numa(spec, w)
+    _build_pci(spec, w)
+    _build_loopback(w)
+    if spec.amd_gpus():
+        _build_kfd(spec, w)
+    _build_host_files(spec, root)
+
+
+# --------------------------------------------------------------------------- CPUs
+
+
+def _build_cpus(spec: MachineSpec, w: _Writer) -> None:
+    cpu = spec.cpu
+    n = cpu.count
+    all_list = f"0-{n - 1}" if n > 1 else "0"
+    w.files(
+        "devices/system/cpu",
+        {"online": all_list, "possible": all_list, "present": all_list, "offline": ""},
+    )
+    node_of = {c: node.id for node in spec.numa_nodes for c in node.cpus}
+    layout = list(cpu.layout())
+    # Groups: SMT siblings per core, package members, L2 and L3 sharing groups.
+    core_members: dict[tuple[int, int], list[int]] = {}
+    package_members: dict[int, list[int]] = {}
+    l2_members: dict[tuple[int, int], list[int]] = {}
+    l3_members: dict[tuple[int, int], list[int]] = {}
+    for cid, s, c, _t in layout:
+        core_members.setdefault((s, c), []).append(cid)
+        package_members.setdefault(s, []).append(cid)
+        l2_members.setdefault((s, c // cpu.l2_cores), []).append(cid)
+        l3_members.setdefault((s, c // cpu.l3_cores), []).append(cid)
+    as_list = {k: format_cpulist(v) for k, v in core_members.items()}
+    pkg_list = {k: format_cpulist(v) for k, v in package_members.items()}
+    l2_list = {k: format_cpulist(v) for k, v in l2_members.items()}
+    l3_list = {k: format_cpulist(v) for k, v in l3_members.items()}
+    l2_per_socket = cpu.cores_per_socket // cpu.l2_cores
+    l3_per_socket = cpu.cores_per_socket // cpu.l3_cores
+    for cid, s, c, _t in layout:
+        base = f"devices/system/cpu/cpu{cid}"
+        core_key = (s, c)
+        l2_key = (s, c // cpu.l2_cores)
+        l3_key = (s, c // cpu.l3_cores)
+        cluster = s * l2_per_socket + l2_key[1]
+        w.files(
+            f"{base}/topology",
+            {
+                "physical_package_id": str(s),
+                "die_id": "0",
+                "core_id": str(c),
+                "cluster_id": str(cluster),
+                "core_cpus_list": as_list[core_key],
+                "thread_siblings_list": as_list[core_key],
+                "package_cpus_list": pkg_list[s],
+            },
+        )
+        core_global = s * cpu.cores_per_socket + c
+        # index1 (L1 instruction) is left out: no consumer needs it and it is 1/4 of the files.
+        caches = [
+            (0, 1, "Data", f"{cpu.l1d_kb}K", as_list[core_key], core_global),
+            (2, 2, "Unified", f"{cpu.l2_kb}K", l2_list[l2_key], cluster),
+            (3, 3, "Unified", f"{cpu.l3_kb}K", l3_list[l3_key], s * l3_per_socket + l3_key[1]),
+        ]
+        for index, level, ctype, size, shared, cache_id in caches:
+            w.files(
+                f"{base}/cache/index{index}",
+                {
+                    "level": str(level),
+                    "type": ctype,
+                    "size": size,
+                    "shared_cpu_list": shared,
+                    "id": str(cache_id),
+                },
+            )
+        if cid in node_of:
+            os.symlink(
+                f"../../node/node{node_of[cid]}",
+                os.path.join(w.base, base, f"node{node_of[cid]}"),
+            )
+
+
+# --------------------------------------------------------------------------- NUMA
+
+
+def _build_numa(spec: MachineSpec, w: _Writer) -> None:
+    nodes = spec.numa_nodes
+    ids = [n.id for n in nodes]
+    n_cpus = spec.cpu.count
+    w.files(
+        "devices/system/node",
+        {
+            "online": format_cpulist(ids),
+            "possible": format_cpulist(ids),
+            "has_cpu": format_cpulist(n.id for n in nodes if n.cpus),
+            "has_memory": format_cpulist(n.id for n in nodes if n.memory_kb > 0),
+            "has_normal_memory": format_cpulist(n.id for n in nodes if n.memory_kb > 0),
+        },
+    )
+    for i, node in enumerate(nodes):
+        total = node.memory_kb
+        meminfo = "\n".join(
+            [
+                f"Node {node.id} MemTotal:       {total:>10} kB",
+                f"Node {node.id} MemFree:        {total:>10} kB",
+                f"Node {node.id} MemUsed:        {0:>10} kB",
+            ]
+        )
+        w.files(
+            f"devices/system/node/node{node.id}",
+            {
+                "cpulist": format_cpulist(node.cpus),
+                "cpumap": cpumask(node.cpus, n_cpus),
+                "distance": " ".join(str(d) for d in spec.distances[i]),
+                "meminfo": meminfo,
+            },
+        )
+
+
+# --------------------------------------------------------------------------- PCI
+
+
+def _hex(value: int, digits: int) -> str:
+    return f"0x{value:0{digits}x}"
+
+
+def _speed(gts: float) -> str:
+    return f"{gts:.1f} GT/s PCIe"
+
+
+def _build_pci(spec: MachineSpec, w: _Writer) -> None:
+    n_cpus = spec.cpu.count
+    all_cpus = list(range(n_cpus))
+    node_cpus = {n.id: list(n.cpus) for n in spec.numa_nodes}
+    w.mkdir("bus/pci/devices")
+    w.mkdir("bus/pci/drivers")
+    roots: set[str] = set()
+    for dev in spec.pci:
+        rel = function_dir(spec, dev.bdf)
+        root = spec.pcie_root(dev.bdf)
+        if root not in roots:
+            roots.add(root)
+            w.mkdir(f"devices/{root}")
+        local = node_cpus.get(dev.numa_node) or all_cpus
+        files = {
+            "class": _hex(dev.class_code, 6),
+            "vendor": _hex(dev.vendor, 4),
+            "device": _hex(dev.device, 4),
+            "subsystem_vendor": _hex(dev.subsystem_vendor, 4),
+            "subsystem_device": _hex(dev.subsystem_device, 4),
+            "revision": _hex(dev.revision, 2),
+            "numa_node": str(dev.numa_node),
+            "local_cpus": cpumask(local, n_cpus),
+            "local_cpulist": format_cpulist(local),
+            "enable": "1",
+        }
+        if dev.link_speed is not None:
+            files["current_link_speed"] = _speed(dev.link_speed)
+        if dev.max_link_speed is not None:
+            files["max_link_speed"] = _speed(dev.max_link_speed)
+        if dev.link_width is not None:
+            files["current_link_width"] = str(dev.link_width)
+        if dev.max_link_width is not None:
+            files["max_link_width"] = str(dev.max_link_width)
+        if dev.sriov_totalvfs is not None:
+            files["sriov_totalvfs"] = str(dev.sriov_totalvfs)
+            files["sriov_numvfs"] = str(dev.sriov_numvfs or 0)
+        w.files(rel, files)
+        w.link(f"bus/pci/devices/{dev.bdf}", rel)
+        w.link(f"{rel}/subsystem", "bus/pci")
+        if dev.driver is not None:
+            w.mkdir(f"bus/pci/drivers/{dev.driver}")
+            w.link(f"{rel}/driver", f"bus/pci/drivers/{dev.driver}")
+        _build_net(dev, rel, w)
+        _build_rdma(dev, rel, w)
+        if dev.amd is not None:
+            w.mkdir(f"{rel}/drm/card{dev.amd.card}")
+            w.mkdir(f"{rel}/drm/renderD{dev.amd.render_minor}")
+            w.link(f"class/drm/card{dev.amd.card}", f"{rel}/drm/card{dev.amd.card}")
+            w.link(
+                f"class/drm/renderD{dev.amd.render_minor}",
+                f"{rel}/drm/renderD{dev.amd.render_minor}",
+            )
+    # SR-IOV links once every function directory exists.
+    for dev in spec.pci:
+        if dev.sriov_totalvfs is None:
+            continue
+        pf_rel = function_dir(spec, dev.bdf)
+        vfs = sorted((v for v in spec.pci if v.physfn == dev.bdf), key=lambda v: v.bdf)
+        for i, vf in enumerate(vfs):
+            vf_rel = function_dir(spec, vf.bdf)
+            w.link(f"{pf_rel}/virtfn{i}", vf_rel)
+            w.link(f"{vf_rel}/physfn", pf_rel)
+
+
+def _build_net(dev: PciDeviceSpec, rel: str, w: _Writer) -> None:
+    for ifindex, net in enumerate(dev.net, start=2):
+        nrel = f"{rel}/net/{net.name}"
+        files = {
+            "address": net.address,
+            "mtu": str(net.mtu),
+            "operstate": net.operstate,
+            "type": str(net.type),
+            "ifindex": str(ifindex),
+            "carrier": "1" if net.operstate == "up" else "0",
+        }
+        if net.speed is not None:
+            files["speed"] = str(net.speed)
+        w.files(nrel, files)
+        w.link(f"{nrel}/device", rel)
+        w.link(f"{nrel}/subsystem", "class/net")
+        w.link(f"class/net/{net.name}", nrel)
+
+
+def _build_rdma(dev: PciDeviceSpec, rel: str, w: _Writer) -> None:
+    for rdma in dev.rdma:
+        irel = f"{rel}/infiniband/{rdma.name}"
+        w.files(
+            irel,
+            {
+                "node_guid": rdma.node_guid,
+                "sys_image_guid": rdma.sys_image_guid,
+                "fw_ver": rdma.fw_ver,
+                "board_id": rdma.board_id,
+                "hca_type": rdma.hca_type,
+                "node_type": "1: CA",
+            },
+        )
+        w.link(f"{irel}/device", rel)
+        w.link(f"class/infiniband/{rdma.name}", irel)
+        for port in rdma.ports:
+            prel = f"{irel}/ports/{port.port}"
+            w.files(
+                prel,
+                {
+                    "rate": port.rate,
+                    "state": port.state,
+                    "phys_state": port.phys_state,
+                    "link_layer": port.link_layer,
+                },
+            )
+            if port.netdev is not None:
+                w.files(f"{prel}/gid_attrs/ndevs", {"0": port.netdev, "1": port.netdev})
+                w.files(f"{prel}/gid_attrs/types", {"0": "IB/RoCE v1", "1": "RoCE v2"})
+
+
+def _build_loopback(w: _Writer) -> None:
+    rel = "devices/virtual/net/lo"
+    w.files(
+        rel,
+        {
+            "address": "00:00:00:00:00:00",
+            "mtu": "65536",
+            "operstate": "unknown",
+            "type": "772",
+            "ifindex": "1",
+            "carrier": "1",
+        },
+    )
+    w.link("class/net/lo", rel)
+
+
+# --------------------------------------------------------------------------- KFD
+
+
+def _props(entries: list[tuple[str, int | str]]) -> str:
+    return "\n".join(f"{k} {v}" for k, v in entries)
+
+
+def _build_kfd(spec: MachineSpec, w: _Writer) -> None:
+    assert spec.amd is not None
+    amd = spec.amd
+    base = "class/kfd/kfd/topology"
+    cpu_nodes = [n for n in spec.numa_nodes if n.cpus]
+    gpus = spec.amd_gpus()
+    w.files(base, {"generation_id": "1", "system_properties": "platform_oem 0"})
+    kfd_of_numa = {n.id: i for i, n in enumerate(cpu_nodes)}
+    first_gpu = len(cpu_nodes)
+    gpu_node = {g.bdf: first_gpu + i for i, g in enumerate(gpus)}
+    # Directed io_links: GPU -> its CPU node (PCIe), GPU -> every other GPU (xGMI);
+    # CPU -> each local GPU (PCIe).
+    links: dict[int, list[tuple[int, int, int, int, int, int]]] = {}
+    for g in gpus:
+        me = gpu_node[g.bdf]
+        cpu_node = kfd_of_numa.get(g.numa_node, 0)
+        lo, hi = amd.pcie_bandwidth_mbps
+        links.setdefault(me, []).append((2, me, cpu_node, 20, lo, hi))
+        links.setdefault(cpu_node, []).append((2, cpu_node, me, 20, lo, hi))
+        if amd.xgmi == "fully_connected":
+            for peer in gpus:
+                if peer.bdf != g.bdf:
+                    xl, xh = amd.xgmi_bandwidth_mbps
+                    links[me].append((11, me, gpu_node[peer.bdf], 15, xl, xh))
+    for i, node in enumerate(cpu_nodes):
+        ndir = f"{base}/nodes/{i}"
+        w.files(
+            ndir,
+            {
+                "properties": _props(
+                    [
+                        ("cpu_cores_count", len(node.cpus)),
+                        ("simd_count", 0),
+                        ("mem_banks_count", 1),
+                        ("io_links_count", len(links.get(i, []))),
+                        ("drm_render_minor", 0),
+                        ("vendor_id", 0),
+                        ("device_id", 0),
+                        ("location_id", 0),
+                        ("domain", 0),
+                        ("hive_id", 0),
+                        ("unique_id", 0),
+                    ]
+                ),
+                "gpu_id": "0",
+                "name": "",
+            },
+        )
+        w.files(
+            f"{ndir}/mem_banks/0",
+            {"properties": _props([("size_in_bytes", node.memory_kb * 1024)])},
+        )
+        _write_links(w, ndir, links.get(i, []))
+    for g in gpus:
+        assert g.amd is not None
+        me = gpu_node[g.bdf]
+        ndir = f"{base}/nodes/{me}"
+        location = (g.bus << 8) | (g.dev << 3) | g.fn
+        w.files(
+            ndir,
+            {
+                "properties": _props(
+                    [
+                        ("cpu_cores_count", 0),
+                        ("simd_count", g.amd.simd_count),
+                        ("mem_banks_count", 1),
+                        ("io_links_count", len(links.get(me, []))),
+                        ("simd_per_cu", g.amd.simd_per_cu),
+                        ("drm_render_minor", g.amd.render_minor),
+                        ("vendor_id", g.vendor),
+                        ("device_id", g.device),
+                        ("location_id", location),
+                        ("domain", g.domain),
+                        ("hive_id", g.amd.hive_id if amd.xgmi == "fully_connected" else 0),
+                        ("unique_id", g.amd.unique_id),
+                        ("gfx_target_version", g.amd.gfx_target_version),
+                        ("num_sdma_xgmi_engines", 6),
+                    ]
+                ),
+                "gpu_id": str(0x1000 + (g.amd.unique_id & 0xEFFF)),
+                "name": "gfx942",
+            },
+        )
+        w.files(
+            f"{ndir}/mem_banks/0", {"properties": _props([("size_in_bytes", g.amd.vram_bytes)])}
+        )
+        _write_links(w, ndir, links.get(me, []))
+
+
+def _write_links(w: _Writer, ndir: str, links: list[tuple[int, int, int, int, int, int]]) -> None:
+    w.mkdir(f"{ndir}/io_links")
+    for m, (ltype, src, dst, weight, min_bw, max_bw) in enumerate(links):
+        w.files(
+            f"{ndir}/io_links/{m}",
+            {
+                "properties": _props(
+                    [
+                        ("type", ltype),
+                        ("version_major", 0),
+                        ("version_minor", 0),
+                        ("node_from", src),
+                        ("node_to", dst),
+                        ("weight", weight),
+                        ("min_latency", 0),
+                        ("max_latency", 0),
+                        ("min_bandwidth", min_bw),
+                        ("max_bandwidth", max_bw),
+                        ("recommended_transfer_size", 0),
+                        ("flags", 1),
+                    ]
+                ),
+            },
+        )
+
+
+# --------------------------------------------------------------------------- /proc, /etc
+
+
+def _build_host_files(spec: MachineSpec, root: Path) -> None:
+    cpu = spec.cpu
+    lines: list[str] = []
+    for cid in range(cpu.count):
+        lines.append(f"processor\t: {cid}")
+        if cpu.arch == "x86_64":
+            lines.append(f"vendor_id\t: {cpu.vendor}")
+        lines.append(f"model name\t: {cpu.model}")
+        lines.append("")
+    (root / "proc").mkdir(exist_ok=True)
+    (root / "proc" / "cpuinfo").write_text("\n".join(lines) + "\n")
+    (root / "etc").mkdir(exist_ok=True)
+    (root / "etc" / "hostname").write_text(spec.hostname + "\n")
