@@ -14,6 +14,7 @@ from discovery.net import discover_net, discover_rdma
 from discovery.numa import assign_packages, discover_numa
 from discovery.pci import discover_pci
 from discovery.readers import read_text
+from discovery.udev import pci_names
 from discovery.warnings import Warnings
 
 
@@ -57,8 +58,10 @@ def discover_host(root: str = "/", live: bool | None = None) -> tuple[Inventory,
     assign_packages(inv.numa_nodes, inv.cpus)
 
     inv.pci_devices = discover_pci(sys_root, warn)
+    names = pci_names() if live else {}
     for dev in inv.pci_devices:
         dev.locality_numa_node = locality_node(dev, inv.numa_nodes)
+        dev.vendor_name, dev.device_name = names.get(dev.bus_id, (None, None))
 
     inv.net_interfaces = discover_net(sys_root, live, warn)
     inv.rdma_devices = discover_rdma(sys_root, warn)

@@ -114,6 +114,10 @@ class PciDevice(Record):
     device: str | None = None
     subsystem_vendor: str | None = None
     subsystem_device: str | None = None
+    vendor_name: str | None = None
+    """From udev's hardware database on a live host (e.g. ``Mellanox Technologies``)."""
+    device_name: str | None = None
+    """From udev's hardware database on a live host (e.g. ``MT2910 Family [ConnectX-7]``)."""
     numa_node: int | None = None
     """The kernel's ``numa_node``; None when it says -1 or has no file."""
     locality_numa_node: int | None = None

@@ -280,6 +280,7 @@ class PciAcceleratorProbe:
             model = None
             if vendor is not None and device is not None:
                 model = GPU_MODELS.get((vendor, device))
+            model = model or dev.device_name
             gpus[dev.bus_id] = Gpu(
                 bus_id=dev.bus_id, vendor=vendor_word(vendor), probe=self.name, model=model
             )

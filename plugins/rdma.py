@@ -83,6 +83,7 @@ def _nic(dev: PciDevice, host: Inventory, probe: str) -> Nic:
     vendor = parse_id(dev.vendor)
     device = parse_id(dev.device)
     model = NIC_MODELS.get((vendor, device)) if vendor is not None and device is not None else None
+    model = model or dev.device_name
     netdevs = _unique(
         list(dev.net) + [n.name for n in host.net_interfaces if n.bus_id == dev.bus_id]
     )
