@@ -336,8 +336,10 @@ class Inventory(Record):
 
 
 def _to_jsonable(obj: Any) -> Any:
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: _to_jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, Record):
+        # Every field is an instance attribute set by the generated __init__, in field
+        # order: walking __dict__ is several times faster than dataclasses.fields().
+        return {k: _to_jsonable(v) for k, v in vars(obj).items()}
     if isinstance(obj, dict):
         # JSON object keys are strings; NUMA distances use int keys in memory.
         return {str(k): _to_jsonable(v) for k, v in obj.items()}

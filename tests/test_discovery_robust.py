@@ -173,3 +173,36 @@ def test_broken_symlinks_and_dirs_in_place_of_files(
     assert any(d.bus_id == first for d in inv.pci_devices)
     assert any("unexpected entry" in w for w in warn.result())
     assert inv.numa(0) is not None
+
+
+def test_nvml_init_failure_keeps_sysfs_gpus() -> None:
+    from discovery.fake import load_machine, make_nvml
+
+    spec = load_machine("dgx-h100")
+    inv = discover(fake="dgx-h100", nvml=make_nvml(spec, fail_init=True))
+    states = {p.name: p for p in inv.probes}
+    assert states["nvidia"].state == "unavailable"
+    assert "nvmlInit" in states["nvidia"].detail or "NVML" in states["nvidia"].detail
+    # The generic PCI probe still reports the eight GPUs, without NVML facts.
+    assert len(inv.gpus) == 8 and all(g.uuid is None and not g.nvlinks for g in inv.gpus)
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        "nvmlDeviceGetMemoryInfo",
+        "nvmlDeviceGetNvLinkState",
+        "nvmlDeviceGetGpuFabricInfoV",
+        "nvmlDeviceGetUUID",
+        "nvmlDeviceGetPciInfo",
+    ],
+)
+def test_nvml_call_failures_give_partial_inventory(fn: str) -> None:
+    from discovery.fake import FakeNvml, load_machine
+
+    spec = load_machine("gb200-nvl72-tray")
+    inv = discover(fake="gb200-nvl72-tray", nvml=FakeNvml(spec, errors={fn: "UNKNOWN"}))
+    states = {p.name: p.state for p in inv.probes}
+    assert states["nvidia"] in ("ok", "unavailable")
+    assert len(inv.gpus) == 4, "sysfs still shows every GPU"
+    assert inv.warnings, f"a failing {fn} must be reported"
