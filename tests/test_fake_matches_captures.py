@@ -50,6 +50,31 @@ def test_nvidia_smi_matrix_cell_for_cell(machine: str) -> None:
     assert not mismatches, "\n".join(mismatches)
 
 
+def gpu_affinity_columns(text: str) -> dict[str, list[str]]:
+    """GPU row -> [CPU Affinity, NUMA Affinity, GPU NUMA ID] (when the capture has them)."""
+    lines = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith("#")]
+    n = len([h for h in lines[0].split() if h.startswith(("GPU", "NIC")) and h[3:].isdigit()])
+    out = {}
+    for line in lines[1:]:
+        tokens = line.split()
+        if tokens and tokens[0].startswith("GPU"):
+            out[tokens[0]] = tokens[1 + n :]
+    return out
+
+
+@pytest.mark.parametrize("machine", ["dgx-h100", "gb200-nvl72-tray"])
+def test_affinity_columns(machine: str) -> None:
+    captured = gpu_affinity_columns((DATA / f"{machine}.txt").read_text())
+    rel = relation_matrix(discover(fake=machine))
+    for label, (cpus, numa, gpu_numa) in captured.items():
+        i = rel.labels.index(label)
+        assert rel.cpu_affinity[i] == cpus, label
+        assert ("N/A" if rel.gpu_numa_id[i] is None else str(rel.gpu_numa_id[i])) == gpu_numa
+        # nvidia-smi's NUMA Affinity on GB200 also lists the socket's empty placeholder
+        # nodes ("0,3-9,11-17"); we report the CPU node the kernel gives, its first entry.
+        assert str(rel.numa_affinity[i]) == numa.split(",")[0].split("-")[0], label
+
+
 def test_dgx_h100_gpu_is_pxb_not_pix_to_its_own_nic() -> None:
     rel = relation_matrix(discover(fake="dgx-h100"))
     assert rel.relation("GPU0", "NIC0") == "PXB"
