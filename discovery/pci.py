@@ -62,13 +62,61 @@ def discover_pci(sys_root: str, warn: Warnings) -> list[PciDevice]:
     except OSError:
         return []
     devices = []
+    unlocated = []
     for entry in entries:
         bdf = entry.lower()
         if not BDF_RE.match(bdf):
             warn.add(f"pci: ignoring unexpected entry {entry[:60]!r} in bus/pci/devices")
             continue
-        devices.append(_read_function(pci_dir, entry, bdf, warn))
+        dev = _read_function(pci_dir, entry, bdf, warn)
+        devices.append(dev)
+        if dev.pcie_root is None:
+            unlocated.append((entry, dev))
+    if unlocated:
+        _chains_from_config(pci_dir, unlocated, devices)
     return devices
+
+
+def _bus_range(pci_dir: str, entry: str) -> tuple[int, int] | None:
+    """(secondary, subordinate) bus of a type-1 (bridge) header from ``config``."""
+    try:
+        with open(os.path.join(pci_dir, entry, "config"), "rb") as fh:
+            head = fh.read(64)
+    except OSError:
+        return None
+    if len(head) < 0x1B or head[0x0E] & 0x7F != 1:
+        return None
+    secondary, subordinate = head[0x19], head[0x1A]
+    return (secondary, subordinate) if 0 < secondary <= subordinate else None
+
+
+def _chains_from_config(
+    pci_dir: str, unlocated: list[tuple[str, PciDevice]], devices: list[PciDevice]
+) -> None:
+    """Upstream bridges from config-space bus ranges, for dumps without symlinks.
+
+    Such dumps cannot give ``pcie_root`` the Kubernetes way (it stays None), but the
+    bridge chain is still knowable the way hwloc builds it: a function on bus B sits
+    below every bridge of its domain whose [secondary, subordinate] range holds B.
+    """
+    entry_of = {dev.bus_id: entry for entry, dev in unlocated}
+    ranges: dict[str, tuple[str, int, int]] = {}
+    for dev in devices:
+        if dev.is_bridge and dev.bus_id in entry_of:
+            rng = _bus_range(pci_dir, entry_of[dev.bus_id])
+            if rng is not None:
+                ranges[dev.bus_id] = (dev.bus_id.rsplit(":", 2)[0], *rng)
+    if not ranges:
+        return
+    for _, dev in unlocated:
+        domain, bus_text, _ = dev.bus_id.rsplit(":", 2)
+        bus = int(bus_text, 16)
+        above = [
+            (sub - sec, bdf)
+            for bdf, (dom, sec, sub) in ranges.items()
+            if dom == domain and sec <= bus <= sub and bdf != dev.bus_id
+        ]
+        dev.upstream_bridges = [bdf for _, bdf in sorted(above, reverse=True)]
 
 
 def _read_function(pci_dir: str, entry: str, bdf: str, warn: Warnings) -> PciDevice:

@@ -206,3 +206,29 @@ def test_nvml_call_failures_give_partial_inventory(fn: str) -> None:
     assert states["nvidia"] in ("ok", "unavailable")
     assert len(inv.gpus) == 4, "sysfs still shows every GPU"
     assert inv.warnings, f"a failing {fn} must be reported"
+
+
+def test_dump_without_symlinks_rebuilds_chains_from_config(
+    tmp_path: Path, hwloc_roots: dict[str, Path]
+) -> None:
+    """Old dumps have plain directories in bus/pci/devices: no pcieRoot, same bridges."""
+    src = hwloc_roots[CASE]
+    want, _ = discover_host(str(src), live=False)
+    root = tmp_path / "root"
+    shutil.copytree(src, root, symlinks=True)
+    pci = root / "sys/bus/pci/devices"
+    for entry in os.listdir(pci):
+        target = os.path.realpath(pci / entry)
+        os.unlink(pci / entry)
+        shutil.copytree(target, pci / entry, symlinks=True, ignore=_only_files)
+    got, _ = discover_host(str(root), live=False)
+    assert [d.bus_id for d in got.pci_devices] == [d.bus_id for d in want.pci_devices]
+    assert all(d.pcie_root is None for d in got.pci_devices)
+    chains = {d.bus_id: d.upstream_bridges for d in got.pci_devices}
+    expected = {d.bus_id: d.upstream_bridges for d in want.pci_devices}
+    # 0000:00:11.0 is a bridge with an invalid [00-00] bus range: it stays out of chains.
+    assert chains == expected
+
+
+def _only_files(directory: str, names: list[str]) -> list[str]:
+    return [n for n in names if os.path.isdir(os.path.join(directory, n))]
