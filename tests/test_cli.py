@@ -75,6 +75,10 @@ def test_hwloc_dump_end_to_end(
     for flags in SLICE_FLAGS:
         out = run(capsys, "slices", "--sysfs-root", root, "--node-name", "n1", "-o", "json", *flags)
         check_slices(json.loads(out), "n1")
+    # The scoring view an independent checker feeds to fidelity_check.py.
+    fid = json.loads(run(capsys, "discover", "--sysfs-root", root, "-o", "fidelity"))
+    assert fid["schema"] == "topology-fidelity/v1"
+    assert {d["bus_id"] for d in fid["pci_devices"]} == {d["bus_id"] for d in inv["pci_devices"]}
 
 
 def test_inventory_round_trip(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -75,7 +75,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("discover", help="read the node and print its inventory")
     _source_args(p)
-    p.add_argument("-o", "--output", choices=["table", "json", "yaml"], default="table")
+    p.add_argument(
+        "-o",
+        "--output",
+        choices=["table", "json", "yaml", "fidelity"],
+        default="table",
+        help="fidelity = hwloc's topology-fidelity/v1 view, to score against lstopo truths",
+    )
 
     p = sub.add_parser("slices", help="print the node's ResourceSlices (resource.k8s.io/v1)")
     _source_args(p)
@@ -150,6 +156,10 @@ def _run(args: argparse.Namespace) -> int:
             from toposlice.output import inventory_table
 
             sys.stdout.write(inventory_table(inv))
+        elif args.output == "fidelity":
+            from discovery.fidelity import to_fidelity
+
+            dump(to_fidelity(inv, inv.hostname or ""), "json")
         else:
             dump(inv.to_dict(), args.output)
         return 0
