@@ -326,8 +326,8 @@ def test_missing_pynvml_is_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
         NvidiaProbe().probe(ctx)
 
 
-def test_replayed_tree_without_nvml_is_unavailable() -> None:
-    ctx = ProbeContext(root=Path("/tmp/dump"), host=host(), live=False)
+def test_replayed_tree_without_nvml_is_unavailable(tmp_path: Path) -> None:
+    ctx = ProbeContext(root=tmp_path / "dump", host=host(), live=False)
     with pytest.raises(ProbeUnavailable, match="live host"):
         NvidiaProbe().probe(ctx)
 
