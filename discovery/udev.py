@@ -8,10 +8,6 @@ never has it, and a container without them just gets no names.
 
 from __future__ import annotations
 
-import logging
-
-log = logging.getLogger(__name__)
-
 
 def pci_names() -> dict[str, tuple[str | None, str | None]]:
     """bus id -> (vendor name, device name) for every PCI device udev knows."""
@@ -27,7 +23,6 @@ def pci_names() -> dict[str, tuple[str | None, str | None]]:
             model = props.get("ID_MODEL_FROM_DATABASE")
             if vendor or model:
                 out[str(dev.sys_name).lower()] = (vendor, model)
-    except Exception as exc:  # libudev missing or unreadable database: names are optional
-        log.info("udev names unavailable: %s", exc)
+    except Exception:  # libudev missing or unreadable database: names are optional
         return {}
     return out

@@ -1,14 +1,12 @@
 """Bounded, de-duplicated warnings collected while reading a damaged host.
 
 A tree with thousands of broken files must yield a readable report, not thousands
-of lines: after ``limit`` distinct messages the rest are only counted.
+of lines: after ``limit`` distinct messages the rest are only counted. They end up in
+``Inventory.warnings``; whoever runs discovery (the CLI, the daemon) reports them --
+discovery itself does not import ``logging``, which alone costs a tenth of a cold start.
 """
 
 from __future__ import annotations
-
-import logging
-
-log = logging.getLogger("toposlice.discovery")
 
 
 class Warnings:
@@ -26,7 +24,6 @@ class Warnings:
             return
         self._seen.add(message)
         self.messages.append(message)
-        log.warning("%s", message)
 
     def extend(self, messages: list[str]) -> None:
         for m in messages:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
-import logging
 import os
 import sys
 from collections.abc import Iterable, Sequence
@@ -19,8 +18,6 @@ from typing import Any
 
 from discovery.model import Gpu, Inventory, Nic, NvSwitch, ProbeStatus
 from plugins.base import Probe, ProbeContext, ProbeReport, ProbeUnavailable
-
-log = logging.getLogger(__name__)
 
 GROUP = "toposlice.probes"
 
@@ -84,12 +81,12 @@ def _instantiate(obj: Any) -> Probe:
 def load_probes(names: Sequence[str] | None = None) -> list[tuple[str, Probe | Exception]]:
     """Probes in run order; a probe that fails to load is returned as its exception."""
     targets: dict[str, str] = dict(BUILTIN)
+    out: list[tuple[str, Probe | Exception]] = []
     try:
         for name, value in dict(scan_entry_points(GROUP)).items():
             targets.setdefault(name, value)
     except Exception as exc:  # a broken distribution must not hide the built-ins
-        log.warning("cannot read entry points of %s: %s", GROUP, exc)
-    out: list[tuple[str, Probe | Exception]] = []
+        out.append(("entry-points", exc))
     for name, target in targets.items():
         if names is not None and name not in names:
             continue
@@ -116,7 +113,6 @@ def run_probes(
             statuses.append(ProbeStatus(name, "unavailable", str(exc)))
             continue
         except Exception as exc:
-            log.warning("probe %s failed: %s: %s", name, type(exc).__name__, exc)
             statuses.append(ProbeStatus(name, "error", f"{type(exc).__name__}: {exc}"))
             continue
         statuses.append(ProbeStatus(name, "ok", report.detail))
@@ -143,6 +139,7 @@ def _merge_by_bus(items: Iterable[Gpu | Nic | NvSwitch]) -> list[Any]:
 
 def apply_reports(inv: Inventory, statuses: list[ProbeStatus], reports: list[ProbeReport]) -> None:
     inv.probes = statuses
+    inv.warnings.extend(f"probe {s.name}: {s.detail}" for s in statuses if s.state == "error")
     inv.gpus = _merge_by_bus(g for r in reports for g in r.gpus)
     inv.nics = _merge_by_bus(n for r in reports for n in r.nics)
     inv.nvswitches = _merge_by_bus(s for r in reports for s in r.nvswitches)

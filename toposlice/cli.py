@@ -7,7 +7,6 @@ what it uses (the kubernetes client alone costs more than a whole discovery).
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -70,7 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="toposlice",
         description="Describe accelerator-node topology to Kubernetes (DRA ResourceSlices).",
     )
-    parser.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
+    parser.add_argument(
+        "-q", "--quiet", action="store_true", help="do not repeat inventory warnings on stderr"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("discover", help="read the node and print its inventory")
@@ -123,7 +124,6 @@ def _options(args: argparse.Namespace) -> NormalizeOptions:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     try:
         rc = _run(args)
         sys.stdout.flush()
@@ -151,6 +151,10 @@ def _run(args: argparse.Namespace) -> int:
         return 0
 
     inv = _inventory(args)
+    if not args.quiet and not (args.command == "discover" and args.output == "table"):
+        # The table shows them itself; for machine-readable output they go to stderr too.
+        for warning in inv.warnings:
+            print(f"toposlice: warning: {warning}", file=sys.stderr)
     if args.command == "discover":
         if args.output == "table":
             from toposlice.output import inventory_table
