@@ -97,6 +97,7 @@ def damaged_tree(
                     "current_link_speed",
                     "max_link_width",
                     "node_guid",
+                    "uevent",
                 }:
                     full = os.path.join(dirpath, name)
                     if not os.path.islink(full):
