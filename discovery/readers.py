@@ -8,8 +8,10 @@ tree. Callers that want to tell the operator record a warning themselves.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 
 __all__ = [
+    "format_cpulist",
     "normalize_bdf",
     "parse_cpulist",
     "parse_cpumask",
@@ -85,6 +87,20 @@ def parse_cpulist(text: str | None) -> list[int] | None:
     except ValueError:
         return None
     return sorted(set(out))
+
+
+def format_cpulist(cpus: Iterable[int]) -> str:
+    """[0, 1, 2, 5] -> ``0-2,5`` (the kernel's list format; inverse of parse_cpulist)."""
+    ordered = sorted(set(cpus))
+    parts: list[str] = []
+    i = 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
+            j += 1
+        parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
+        i = j + 1
+    return ",".join(parts)
 
 
 def parse_cpumask(text: str | None) -> list[int] | None:

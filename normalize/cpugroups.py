@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from discovery.model import Cpu, Inventory, PciDevice
+from discovery.readers import format_cpulist
 
 from . import names
 from .options import CpuGrouping
@@ -39,16 +40,7 @@ def local_pcie_roots(inv: Inventory, numa: int | None) -> tuple[str, ...]:
 
 def cpu_list_text(cpus: tuple[int, ...] | list[int]) -> str:
     """``[0, 1, 2, 5]`` -> ``0-2,5`` (the kernel's cpulist format)."""
-    ordered = sorted(set(cpus))
-    parts: list[str] = []
-    i = 0
-    while i < len(ordered):
-        j = i
-        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
-            j += 1
-        parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
-        i = j + 1
-    return ",".join(parts)
+    return format_cpulist(cpus)
 
 
 def _cpu_numa(inv: Inventory) -> dict[int, int]:

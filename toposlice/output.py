@@ -7,6 +7,7 @@ import sys
 from typing import Any, TextIO
 
 from discovery.model import Inventory
+from discovery.readers import format_cpulist
 
 
 def dump(data: Any, fmt: str, out: TextIO | None = None) -> None:
@@ -26,20 +27,11 @@ def dump(data: Any, fmt: str, out: TextIO | None = None) -> None:
         raise ValueError(f"unknown output format {fmt!r}")
 
 
-def _cpus(cpus: list[int]) -> str:
-    """[0, 1, 2, 5] -> '0-2,5'."""
-    out: list[str] = []
-    start = prev = None
-    for c in cpus:
-        if prev is not None and c == prev + 1:
-            prev = c
-            continue
-        if start is not None:
-            out.append(f"{start}-{prev}" if start != prev else f"{start}")
-        start = prev = c
-    if start is not None:
-        out.append(f"{start}-{prev}" if start != prev else f"{start}")
-    return ",".join(out) or "-"
+def _locality(inv: Inventory, bus_id: str) -> tuple[str, str]:
+    """(kernel NUMA node, PCIe root) of a device, ``-`` when unknown."""
+    dev = inv.pci(bus_id)
+    numa = "-" if dev is None or dev.numa_node is None else str(dev.numa_node)
+    return numa, (dev.pcie_root if dev else None) or "-"
 
 
 def inventory_table(inv: Inventory) -> str:
@@ -55,14 +47,12 @@ def inventory_table(inv: Inventory) -> str:
         mem = f"{n.memory_bytes / 2**30:.1f}GiB" if n.memory_bytes else "-"
         tag = f"  (memory of GPU {n.gpu_bus_id})" if n.gpu_bus_id else ""
         pkg = "-" if n.package is None else str(n.package)
-        lines.append(f"{n.id:<6}{pkg:<5}{mem:>12}  {_cpus(n.cpus)}{tag}")
+        lines.append(f"{n.id:<6}{pkg:<5}{mem:>12}  {format_cpulist(n.cpus) or '-'}{tag}")
     if inv.gpus:
         lines.append("")
         lines.append(f"{'GPU':<15}{'VENDOR':<9}{'NUMA':<6}{'ROOT':<13}{'LINKS':<7}MODEL")
         for g in inv.gpus:
-            dev = inv.pci(g.bus_id)
-            numa = "-" if dev is None or dev.numa_node is None else str(dev.numa_node)
-            root = (dev.pcie_root if dev else None) or "-"
+            numa, root = _locality(inv, g.bus_id)
             lines.append(
                 f"{g.bus_id:<15}{g.vendor:<9}{numa:<6}{root:<13}{len(g.nvlinks):<7}{g.model or '-'}"
             )
@@ -70,9 +60,7 @@ def inventory_table(inv: Inventory) -> str:
         lines.append("")
         lines.append(f"{'NIC':<15}{'NUMA':<6}{'ROOT':<13}{'RDMA':<10}{'NETDEV':<16}MODEL")
         for nic in inv.nics:
-            dev = inv.pci(nic.bus_id)
-            numa = "-" if dev is None or dev.numa_node is None else str(dev.numa_node)
-            root = (dev.pcie_root if dev else None) or "-"
+            numa, root = _locality(inv, nic.bus_id)
             rdma = ",".join(nic.rdma_devices) or "-"
             net = ",".join(nic.netdevs) or "-"
             model = nic.model or "-"

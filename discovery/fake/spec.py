@@ -19,6 +19,8 @@ from typing import Any, Literal
 
 import yaml
 
+from discovery.readers import format_cpulist
+
 __all__ = [
     "NVLINK_VERSION_ENUM",
     "NVML_ERROR_CODES",
@@ -369,20 +371,6 @@ def parse_bdf(text: Any, where: str) -> str:
 
 def _bdf_key(dev: PciDeviceSpec) -> tuple[int, int, int, int]:
     return (dev.domain, dev.bus, dev.dev, dev.fn)
-
-
-def format_cpulist(cpus: Any) -> str:
-    """[0, 1, 2, 5] -> ``0-2,5`` (the kernel's list format)."""
-    ids = sorted(set(cpus))
-    parts: list[str] = []
-    i = 0
-    while i < len(ids):
-        j = i
-        while j + 1 < len(ids) and ids[j + 1] == ids[j] + 1:
-            j += 1
-        parts.append(str(ids[i]) if i == j else f"{ids[i]}-{ids[j]}")
-        i = j + 1
-    return ",".join(parts)
 
 
 def _parse_list(text: Any, where: str) -> tuple[int, ...]:
