@@ -270,6 +270,7 @@ def build_graph(inv: Inventory, opts: NormalizeOptions | None = None) -> dict[st
                     "name": rel.legend.get(label),
                     "cpu_affinity": rel.cpu_affinity[i],
                     "numa_affinity": rel.numa_affinity[i],
+                    "numa_affinity_nodes": rel.numa_affinity_nodes[i],
                     "gpu_numa_id": rel.gpu_numa_id[i],
                 }
             )
@@ -362,6 +363,7 @@ def _matrix_from_graph(graph: dict[str, Any]) -> RelationMatrix:
         matrix=[list(r) for r in rel.get("matrix") or []],
         cpu_affinity=[d.get("cpu_affinity") for d in devices],
         numa_affinity=[d.get("numa_affinity") for d in devices],
+        numa_affinity_nodes=[d.get("numa_affinity_nodes") or [] for d in devices],
         gpu_numa_id=[d.get("gpu_numa_id") for d in devices],
     )
 

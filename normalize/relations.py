@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass, field
 
 from discovery.model import Gpu, Inventory, Nic, PciDevice
-from discovery.readers import normalize_bdf
+from discovery.readers import format_cpulist, normalize_bdf
 
 from .cpugroups import cpu_list_text
 
@@ -51,6 +51,9 @@ class RelationMatrix:
     cpu_affinity: list[str | None] = field(default_factory=list)
     numa_affinity: list[int | None] = field(default_factory=list)
     gpu_numa_id: list[int | None] = field(default_factory=list)
+    numa_affinity_nodes: list[list[int]] = field(default_factory=list)
+    """nvidia-smi's "NUMA Affinity" set: the host node plus its socket's empty placeholder
+    nodes (CPU-less, memory-less: GB200 has 28), e.g. ``[0, 3, 4, ..., 17]``."""
 
     def relation(self, a: str, b: str) -> str:
         return self.matrix[self.labels.index(a)][self.labels.index(b)]
@@ -167,6 +170,24 @@ def relation(inv: Inventory, a: Gpu | Nic, b: Gpu | Nic) -> str:
     return pcie_relation(a.bus_id, a_pci, a_numa, b.bus_id, b_pci, b_numa)
 
 
+def affinity_nodes(inv: Inventory, host_numa: int | None) -> list[int]:
+    if host_numa is None:
+        return []
+    host = inv.numa(host_numa)
+    package = host.package if host is not None else None
+    placeholders = [
+        n.id
+        for n in inv.numa_nodes
+        if n.id != host_numa
+        and not n.cpus
+        and not n.memory_bytes
+        and n.gpu_bus_id is None
+        and package is not None
+        and n.package == package
+    ]
+    return [host_numa, *placeholders]
+
+
 def relation_matrix(inv: Inventory) -> RelationMatrix:
     gpus = ordered_gpus(inv)
     nics = ordered_nics(inv)
@@ -177,6 +198,7 @@ def relation_matrix(inv: Inventory) -> RelationMatrix:
     cpu_aff: list[str | None] = []
     numa_aff: list[int | None] = []
     gpu_numa: list[int | None] = []
+    aff_nodes: list[list[int]] = []
     for dev in devices:
         pci = inv.pci(dev.bus_id)
         cpu_aff.append(
@@ -186,6 +208,7 @@ def relation_matrix(inv: Inventory) -> RelationMatrix:
         if pci is not None:
             host_numa = pci.numa_node if pci.numa_node is not None else pci.locality_numa_node
         numa_aff.append(host_numa)
+        aff_nodes.append(affinity_nodes(inv, host_numa))
         gpu_numa.append(dev.memory_numa_node if isinstance(dev, Gpu) else None)
     return RelationMatrix(
         labels=labels,
@@ -195,6 +218,7 @@ def relation_matrix(inv: Inventory) -> RelationMatrix:
         cpu_affinity=cpu_aff,
         numa_affinity=numa_aff,
         gpu_numa_id=gpu_numa,
+        numa_affinity_nodes=aff_nodes,
     )
 
 
@@ -214,10 +238,11 @@ def format_topo(matrix: RelationMatrix, affinity: bool = True) -> str:
         if affinity and label.startswith("GPU"):
             cpu = matrix.cpu_affinity[i] if i < len(matrix.cpu_affinity) else None
             numa = matrix.numa_affinity[i] if i < len(matrix.numa_affinity) else None
+            nodes = matrix.numa_affinity_nodes[i] if i < len(matrix.numa_affinity_nodes) else []
             gnuma = matrix.gpu_numa_id[i] if i < len(matrix.gpu_numa_id) else None
             row += [
                 cpu or "N/A",
-                "N/A" if numa is None else str(numa),
+                format_cpulist(nodes) if nodes else ("N/A" if numa is None else str(numa)),
                 "N/A" if gnuma is None else str(gnuma),
             ]
         lines.append("\t".join(row))

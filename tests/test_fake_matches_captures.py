@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from discovery.discover import discover
+from discovery.readers import format_cpulist
 from normalize.graph import build_graph
 from normalize.relations import relation_matrix
 
@@ -70,8 +71,9 @@ def test_affinity_columns(machine: str) -> None:
         i = rel.labels.index(label)
         assert rel.cpu_affinity[i] == cpus, label
         assert ("N/A" if rel.gpu_numa_id[i] is None else str(rel.gpu_numa_id[i])) == gpu_numa
-        # nvidia-smi's NUMA Affinity on GB200 also lists the socket's empty placeholder
-        # nodes ("0,3-9,11-17"); we report the CPU node the kernel gives, its first entry.
+        # On GB200 nvidia-smi's NUMA Affinity also lists the socket's empty placeholder
+        # nodes ("0,3-9,11-17"); the scalar is the CPU node the kernel gives.
+        assert format_cpulist(rel.numa_affinity_nodes[i]) == numa, label
         assert str(rel.numa_affinity[i]) == numa.split(",")[0].split("-")[0], label
 
 
