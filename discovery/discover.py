@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from discovery.host import discover_host
@@ -44,7 +43,7 @@ def _discover_root(root: str, live: bool, probes: Sequence[str] | None, nvml: An
     from plugins.registry import apply_reports, load_probes, run_probes
 
     inv, warn = discover_host(root, live=live)
-    ctx = ProbeContext(root=Path(root), host=inv, nvml=nvml, live=live)
+    ctx = ProbeContext(root=root, host=inv, nvml=nvml, live=live)
     statuses, reports = run_probes(ctx, load_probes(probes))
     apply_reports(inv, statuses, reports)
     warn.extend(inv.warnings)

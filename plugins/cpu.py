@@ -8,7 +8,7 @@ inventory has no CPUs at all.
 
 from __future__ import annotations
 
-from pathlib import Path
+import os
 
 from discovery.readers import read_int, read_text
 from plugins.base import ProbeContext, ProbeReport, ProbeUnavailable, sysfs
@@ -114,9 +114,9 @@ def _facts(info: dict[str, str]) -> dict[str, str]:
     return out
 
 
-def _freq_max_mhz(root: Path, cpus: list[int], live: bool) -> int | None:
+def _freq_max_mhz(root: str, cpus: list[int], live: bool) -> int | None:
     best: int | None = None
-    base = str(root / "devices" / "system" / "cpu")
+    base = os.path.join(root, "devices", "system", "cpu")
     for cpu in cpus:
         khz = read_int(f"{base}/cpu{cpu}/cpufreq/cpuinfo_max_freq")
         if khz is not None and khz > 0:
@@ -141,7 +141,7 @@ class CpuProbe:
         if not host.cpus:
             raise ProbeUnavailable("no CPUs in the inventory")
         report = ProbeReport()
-        text = read_text(ctx.root / "proc" / "cpuinfo")
+        text = read_text(os.path.join(ctx.root, "proc", "cpuinfo"))
         facts = _facts(parse_cpuinfo(text)) if text else {}
         if text is None:
             report.warnings.append("cpu: /proc/cpuinfo is not readable")

@@ -8,8 +8,8 @@ also works on a replayed sysfs dump.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from discovery.model import Gpu, PciDevice, XgmiLink
 from discovery.readers import read_text
@@ -153,7 +153,7 @@ def gfx_name(target_version: int) -> str | None:
     return f"gfx{major}{minor:x}{stepping:x}"
 
 
-def _read_properties(path: Path, warnings: list[str]) -> dict[str, int] | None:
+def _read_properties(path: str, warnings: list[str]) -> dict[str, int] | None:
     """KFD ``key value`` file -> dict; None (plus a warning) when unreadable or malformed."""
     text = read_text(path)
     if text is None:
@@ -192,21 +192,20 @@ def _kfd_bus_id(props: dict[str, int]) -> str | None:
     return f"{domain:04x}:{bus:02x}:{devfn >> 3:02x}.{devfn & 7:x}"
 
 
-def _numeric_dirs(path: Path) -> list[tuple[int, Path]]:
+def _numeric_dirs(path: str) -> list[tuple[int, str]]:
     try:
-        entries = list(path.iterdir())
+        names = os.listdir(path)
     except OSError:
         return []
-    out = [(int(p.name), p) for p in entries if p.name.isdigit()]
-    return sorted(out)
+    return sorted((int(n), os.path.join(path, n)) for n in names if n.isdigit())
 
 
-def _read_kfd(root: Path, gpu_bus_ids: set[str], warnings: list[str]) -> dict[str, _KfdNode]:
+def _read_kfd(root: str, gpu_bus_ids: set[str], warnings: list[str]) -> dict[str, _KfdNode]:
     """GPU KFD nodes keyed by the PCI bus id they belong to (only known accelerators)."""
-    nodes_dir = root / "class" / "kfd" / "kfd" / "topology" / "nodes"
+    nodes_dir = os.path.join(root, "class", "kfd", "kfd", "topology", "nodes")
     by_bus: dict[str, _KfdNode] = {}
     for node_id, node_dir in _numeric_dirs(nodes_dir):
-        props = _read_properties(node_dir / "properties", warnings)
+        props = _read_properties(os.path.join(node_dir, "properties"), warnings)
         if props is None or props.get("drm_render_minor", 0) <= 0:
             continue
         bus_id = _kfd_bus_id(props)
@@ -222,12 +221,12 @@ def _read_kfd(root: Path, gpu_bus_ids: set[str], warnings: list[str]) -> dict[st
             )
             continue
         node = _KfdNode(node_id, bus_id, props)
-        bank = _read_properties(node_dir / "mem_banks" / "0" / "properties", warnings)
+        bank = _read_properties(os.path.join(node_dir, "mem_banks", "0", "properties"), warnings)
         if bank is not None and bank.get("size_in_bytes", 0) > 0:
             node.memory_bytes = bank["size_in_bytes"]
         for sub in ("io_links", "p2p_links"):
-            for _, link_dir in _numeric_dirs(node_dir / sub):
-                link = _read_properties(link_dir / "properties", warnings)
+            for _, link_dir in _numeric_dirs(os.path.join(node_dir, sub)):
+                link = _read_properties(os.path.join(link_dir, "properties"), warnings)
                 if link is None or link.get("type") != _KFD_XGMI_LINK:
                     continue
                 peer = link.get("node_to")
