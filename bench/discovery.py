@@ -8,6 +8,8 @@ For each case it times, as medians of N runs after one warm-up:
              rediscovery path (sysfs backends + every probe)
   cold       `python -m toposlice discover --sysfs-root ROOT -o json` as a new process
   cold-net   cold minus a bare `python -c pass` of the same interpreter (site included)
+  lean       the same CLI run with `python -S` (no site-packages start-up hooks: a lean
+             container's interpreter; discover needs only the standard library)
 and prints the ratios inproc/lstopo and cold/lstopo. Targets (issue #2): inproc not
 slower than lstopo on any case; cold CLI under 150 ms.
 
@@ -33,6 +35,10 @@ sys.path.insert(0, str(REPO))
 from discovery.discover import discover  # noqa: E402
 
 DEFAULT_FIXTURES = REPO.parent / "shared" / "fixtures" / "hwloc"
+LEAN = (
+    "import sys; sys.path.insert(0, {repo!r}); from toposlice.cli import main; "
+    "sys.exit(main(['discover', '--sysfs-root', {root!r}, '-o', 'json']))"
+)
 
 
 def cases(fixtures: Path) -> list[str]:
@@ -85,13 +91,15 @@ def main() -> int:
     for pkg in ("toposlice", "discovery", "plugins", "normalize", "driver"):
         compileall.compile_dir(str(REPO / pkg), quiet=1)
     baseline = median_ms(lambda: run_process([py, "-c", "pass"], env), args.runs)
+    lean_base = median_ms(lambda: run_process([py, "-S", "-c", "pass"], env), args.runs)
 
     print(f"python: {py}  lstopo: {lstopo}  runs: {args.runs} (median ms)")
-    print(f"interpreter start-up (python -c pass): {baseline:.1f} ms")
-    hdr = f"{'case':<34}{'lstopo':>8}{'inproc':>8}{'cold':>8}{'cold-net':>9}"
+    print(f"interpreter start-up: python -c pass {baseline:.1f} ms, python -S {lean_base:.1f} ms")
+    hdr = f"{'case':<34}{'lstopo':>8}{'inproc':>8}{'cold':>8}{'cold-net':>9}{'lean':>7}"
     print(hdr + f"{'inproc/lstopo':>15}{'cold/lstopo':>13}")
     worst_ratio = 0.0
     worst_cold = 0.0
+    worst_lean = 0.0
     with tempfile.TemporaryDirectory(prefix="toposlice-bench-") as tmp:
         for case in args.case or cases(args.fixtures):
             root = extract(args.fixtures / f"{case}.tar.bz2", Path(tmp) / case)
@@ -105,11 +113,15 @@ def main() -> int:
             inproc = median_ms(lambda root=root: discover(str(root)), args.runs)
             cli = [py, "-m", "toposlice", "discover", "--sysfs-root", str(root), "-o", "json"]
             cold = median_ms(lambda cli=cli: run_process(cli, env), args.runs)
+            lean_cli = [py, "-S", "-c", LEAN.format(repo=str(REPO), root=str(root))]
+            lean = median_ms(lambda lean_cli=lean_cli: run_process(lean_cli, env), args.runs)
+            worst_lean = max(worst_lean, lean)
             ratio = inproc / lst
             worst_ratio = max(worst_ratio, ratio)
             worst_cold = max(worst_cold, cold)
             print(
-                f"{case:<34}{lst:>8.1f}{inproc:>8.1f}{cold:>8.1f}{cold - baseline:>9.1f}"
+                f"{case:<34}{lst:>8.1f}{inproc:>8.1f}{cold:>8.1f}"
+                f"{cold - baseline:>9.1f}{lean:>7.1f}"
                 f"{ratio:>15.2f}{cold / lst:>13.2f}"
             )
     print(f"worst inproc/lstopo: {worst_ratio:.2f} (target <= 1.00)")
@@ -117,6 +129,7 @@ def main() -> int:
         f"worst cold CLI: {worst_cold:.1f} ms, {worst_cold - baseline:.1f} ms above interpreter "
         "start-up (target < 150 ms)"
     )
+    print(f"worst lean cold CLI (python -S): {worst_lean:.1f} ms (target < 150 ms)")
     return 0
 
 
