@@ -31,10 +31,13 @@ def _hex_id(text: str | None, digits: int, what: str, bdf: str, warn: Warnings) 
         return None
 
 
-def resolve_pci_path(pci_dir: str, entry: str) -> tuple[str, list[str], str] | None:
+def resolve_pci_path(pci_dir: str, entry: str) -> tuple[str | None, list[str], str] | None:
     """(pcie_root, upstream_bridges, function dir) from the ``bus/pci/devices`` symlink.
 
-    None when the entry is not a symlink or does not point into ``devices/pci*``.
+    None when the entry is not a symlink into ``devices/``. A host bridge registered
+    below a platform device (``devices/platform/soc/…/pci0000:00/…``, Arm SoCs) still
+    gives the bridge chain, but no ``pcie_root``: the Kubernetes rule takes only a
+    ``pci*`` directory directly under ``devices/``.
     """
     try:
         target = os.readlink(os.path.join(pci_dir, entry))
@@ -48,11 +51,14 @@ def resolve_pci_path(pci_dir: str, entry: str) -> tuple[str, list[str], str] | N
     except ValueError:
         return None
     chain = parts[start + 1 :]
-    if not chain or not ROOT_RE.match(chain[0]) or chain[-1] != entry:
+    if not chain or chain[-1] != entry:
         return None
-    bridges = [p for p in chain[1:-1] if BDF_RE.match(p)]
+    host = next((i for i, p in enumerate(chain) if ROOT_RE.match(p)), None)
+    if host is None:
+        return None
+    bridges = [p for p in chain[host + 1 : -1] if BDF_RE.match(p)]
     sys_root = os.path.dirname(os.path.dirname(os.path.dirname(pci_dir)))
-    return chain[0], bridges, os.path.join(sys_root, rel)
+    return (chain[0] if host == 0 else None), bridges, os.path.join(sys_root, rel)
 
 
 def discover_pci(sys_root: str, warn: Warnings) -> list[PciDevice]:
@@ -68,9 +74,9 @@ def discover_pci(sys_root: str, warn: Warnings) -> list[PciDevice]:
         if not BDF_RE.match(bdf):
             warn.add(f"pci: ignoring unexpected entry {entry[:60]!r} in bus/pci/devices")
             continue
-        dev = _read_function(pci_dir, entry, bdf, warn)
+        dev, located = _read_function(pci_dir, entry, bdf, warn)
         devices.append(dev)
-        if dev.pcie_root is None:
+        if not located:
             unlocated.append((entry, dev))
     if unlocated:
         _chains_from_config(pci_dir, unlocated, devices)
@@ -119,7 +125,8 @@ def _chains_from_config(
         dev.upstream_bridges = [bdf for _, bdf in sorted(above, reverse=True)]
 
 
-def _read_function(pci_dir: str, entry: str, bdf: str, warn: Warnings) -> PciDevice:
+def _read_function(pci_dir: str, entry: str, bdf: str, warn: Warnings) -> tuple[PciDevice, bool]:
+    """The function's facts, and whether its place in the tree came from a symlink."""
     dev = PciDevice(bus_id=bdf)
     located = resolve_pci_path(pci_dir, entry)
     path = os.path.join(pci_dir, entry)
@@ -127,7 +134,7 @@ def _read_function(pci_dir: str, entry: str, bdf: str, warn: Warnings) -> PciDev
         dev.pcie_root, dev.upstream_bridges, path = located
     with DirReader(path) as rd:
         _fill(dev, rd, warn)
-    return dev
+    return dev, located is not None
 
 
 def _from_uevent(dev: PciDevice, text: str | None) -> bool:

@@ -233,3 +233,21 @@ def test_dump_without_symlinks_rebuilds_chains_from_config(
 
 def _only_files(directory: str, names: list[str]) -> list[str]:
     return [n for n in names if os.path.isdir(os.path.join(directory, n))]
+
+
+def test_platform_rooted_host_bridge_gives_chain_but_no_pcie_root(tmp_path: Path) -> None:
+    """Arm SoCs register the host bridge below a platform device: no k8s pcieRoot."""
+    sys_dir = tmp_path / "sys"
+    fn = sys_dir / "devices/platform/soc/1c00000.pcie/pci0000:00/0000:00:00.0/0000:01:00.0"
+    fn.mkdir(parents=True)
+    (fn / "class").write_text("0x020000\n")
+    (fn.parent / "class").write_text("0x060400\n")
+    links = sys_dir / "bus/pci/devices"
+    links.mkdir(parents=True)
+    for bdf, target in (("0000:01:00.0", fn), ("0000:00:00.0", fn.parent)):
+        os.symlink(os.path.relpath(target, links), links / bdf)
+    inv, _ = discover_host(str(tmp_path), live=False)
+    dev = inv.pci("0000:01:00.0")
+    assert dev is not None and dev.class_code == "0x0200"
+    assert dev.pcie_root is None
+    assert dev.upstream_bridges == ["0000:00:00.0"]
