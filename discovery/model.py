@@ -215,11 +215,15 @@ class Fabric(Record):
     state: str | None = None
     """``not_supported`` | ``not_started`` | ``in_progress`` | ``completed``."""
     health: str | None = None
+    status: int | None = None
+    """NVML return code of the registration; only 0 (success) makes the clique usable."""
 
     @property
     def clique(self) -> str | None:
         """``<clusterUUID>.<cliqueId>``, the NVIDIA DRA driver's clique string, when ready."""
         if self.state != "completed" or not self.cluster_uuid or self.clique_id is None:
+            return None
+        if self.status not in (None, 0):
             return None
         if set(self.cluster_uuid.replace("-", "")) <= {"0"}:
             return None

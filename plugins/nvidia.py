@@ -313,6 +313,7 @@ def _fabric_from(s: _Session, gpu: str, obj: Any) -> Fabric | None:
     if isinstance(health, int) and 0 <= health < len(_FABRIC_HEALTH):
         fabric.health = _FABRIC_HEALTH[health]
     status = getattr(obj, "status", 0)
+    fabric.status = status if isinstance(status, int) else None
     if fabric.state == "completed" and isinstance(status, int) and status != 0:
         s.note(gpu, "fabric", f"fabric registration completed with NVML status {status}")
     return fabric

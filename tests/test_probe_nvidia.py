@@ -384,6 +384,9 @@ def test_fabric_completed_with_bad_status_warns() -> None:
     gpus[0].fabric["status"] = 9
     report = run(FakeNvml(gpus).module())
     assert any("fabric registration completed with NVML status 9" in w for w in report.warnings)
+    fabric = report.gpus[0].fabric
+    assert fabric is not None and fabric.state == "completed" and fabric.status == 9
+    assert fabric.clique is None, "a failed registration must not publish a clique"
 
 
 def test_fabric_with_real_ctypes_struct() -> None:
