@@ -11,10 +11,10 @@ import os
 import re
 
 from discovery.model import NetInterface, RdmaDevice, RdmaPort
+from discovery.pci import BDF_RE
 from discovery.readers import read_int, read_text
 from discovery.warnings import Warnings
 
-_BDF = re.compile(r"^[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 _RATE = re.compile(r"^\s*([0-9.]+)\s*Gb/sec")
 
 
@@ -49,7 +49,7 @@ def nearest_pci(rel_path: str | None) -> str | None:
     if len(parts) < 2 or parts[0] != "devices" or not parts[1].startswith("pci"):
         return None
     for part in reversed(parts):
-        if _BDF.match(part):
+        if BDF_RE.match(part):
             return part
     return None
 

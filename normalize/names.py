@@ -15,14 +15,11 @@ import re
 from collections import Counter
 from collections.abc import Sequence
 
+from .validation import is_dns_label
+
 MAX_LABEL = 63
-_LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _BAD_CHARS = re.compile(r"[^a-z0-9-]+")
 _HASH_LEN = 8
-
-
-def is_dns_label(name: str) -> bool:
-    return len(name) <= MAX_LABEL and bool(_LABEL_RE.match(name))
 
 
 def short_hash(identity: str, length: int = _HASH_LEN) -> str:
