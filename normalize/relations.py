@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from discovery.model import Gpu, Inventory, Nic, PciDevice
 from discovery.readers import format_cpulist, normalize_bdf
 
-from .cpugroups import cpu_list_text
+from .cpugroups import cpu_list_text, device_numa
 
 LEGEND: dict[str, str] = {
     "X": "Self",
@@ -98,11 +98,7 @@ def ordered_nics(inv: Inventory) -> list[Nic]:
 def numa_identity(pci: PciDevice | None, gpu: Gpu | None = None) -> int | None:
     if gpu is not None and gpu.memory_numa_node is not None:
         return gpu.memory_numa_node
-    if pci is None:
-        return None
-    if pci.numa_node is not None:
-        return pci.numa_node
-    return pci.locality_numa_node
+    return None if pci is None else device_numa(pci)
 
 
 def _switch_links(gpu: Gpu) -> int:
@@ -204,9 +200,7 @@ def relation_matrix(inv: Inventory) -> RelationMatrix:
         cpu_aff.append(
             cpu_list_text(pci.local_cpus) if pci is not None and pci.local_cpus else None
         )
-        host_numa = None
-        if pci is not None:
-            host_numa = pci.numa_node if pci.numa_node is not None else pci.locality_numa_node
+        host_numa = None if pci is None else device_numa(pci)
         numa_aff.append(host_numa)
         aff_nodes.append(affinity_nodes(inv, host_numa))
         gpu_numa.append(dev.memory_numa_node if isinstance(dev, Gpu) else None)
