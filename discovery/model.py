@@ -316,10 +316,15 @@ class Inventory(Record):
     warnings: list[str] = field(default_factory=list)
 
     def pci(self, bus_id: str) -> PciDevice | None:
-        for dev in self.pci_devices:
-            if dev.bus_id == bus_id:
-                return dev
-        return None
+        # normalize/ looks devices up once per device pair (relation matrix, graph): keep an
+        # index, rebuilt whenever the list object or its length changes.
+        key = (id(self.pci_devices), len(self.pci_devices))
+        cached = self.__dict__.get("_pci_index")
+        if cached is None or cached[0] != key:
+            cached = (key, {dev.bus_id: dev for dev in reversed(self.pci_devices)})
+            self.__dict__["_pci_index"] = cached
+        index: dict[str, PciDevice] = cached[1]
+        return index.get(bus_id)
 
     def numa(self, node_id: int) -> NumaNode | None:
         for node in self.numa_nodes:
@@ -343,7 +348,7 @@ def _to_jsonable(obj: Any) -> Any:
     if isinstance(obj, Record):
         # Every field is an instance attribute set by the generated __init__, in field
         # order: walking __dict__ is several times faster than dataclasses.fields().
-        return {k: _to_jsonable(v) for k, v in vars(obj).items()}
+        return {k: _to_jsonable(v) for k, v in vars(obj).items() if not k.startswith("_")}
     if isinstance(obj, dict):
         # JSON object keys are strings; NUMA distances use int keys in memory.
         return {str(k): _to_jsonable(v) for k, v in obj.items()}
