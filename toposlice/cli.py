@@ -9,62 +9,21 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from importlib import import_module
 
-from discovery.model import Inventory
-
-if TYPE_CHECKING:
-    from normalize.options import NormalizeOptions
-
-
-def _source_args(p: argparse.ArgumentParser) -> None:
-    src = p.add_mutually_exclusive_group()
-    src.add_argument(
-        "--sysfs-root",
-        default="/",
-        metavar="DIR",
-        help="filesystem root to read (sysfs at DIR/sys); default: this host",
-    )
-    src.add_argument(
-        "--fake",
-        metavar="NAME",
-        help="run against built-in fake hardware (see `toposlice machines`) or a YAML file",
-    )
-    src.add_argument(
-        "--inventory",
-        metavar="FILE",
-        help="read a saved `toposlice discover -o json` inventory instead of a host",
-    )
-    p.add_argument(
-        "--probes",
-        metavar="LIST",
-        help="comma-separated probe names to run (default: all installed)",
-    )
-
-
-def _normalize_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--driver", default="toposlice.dev", help="DRA driver name (default %(default)s)"
-    )
-    p.add_argument(
-        "--numa-list",
-        action="store_true",
-        help="publish numaNode in the list form (needs the DRAListTypeAttributes gate)",
-    )
-    p.add_argument(
-        "--cpu-grouping",
-        choices=["numa", "l3", "core"],
-        default="numa",
-        help="how CPUs are partitioned into devices (default %(default)s)",
-    )
-    p.add_argument(
-        "--legacy-aliases",
-        action="store_true",
-        help="also publish dra.net/numaNode and dra.cpu/numaNodeID",
-    )
-
+from toposlice.sources import (
+    add_normalize_args,
+    add_source_args,
+    load_inventory,
+    normalize_options,
+)
 
 COMMANDS = ("discover", "slices", "graph", "machines")
+
+#: Commands that live in a module of their own: name -> (module, one-line help). The
+#: module has ``add_arguments(parser)`` and ``run(args) -> int``; it is imported only
+#: when its command runs (or for the full ``--help``).
+MODULE_COMMANDS: dict[str, tuple[str, str]] = {}
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
@@ -91,23 +50,28 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
     p = sub.add_parser("slices", help="print the node's ResourceSlices (resource.k8s.io/v1)")
     if wanted("slices"):
-        _source_args(p)
-        _normalize_args(p)
+        add_source_args(p)
+        add_normalize_args(p)
         p.add_argument("--node-name", help="Kubernetes node name (default: inventory hostname)")
         p.add_argument("-o", "--output", choices=["yaml", "json"], default="yaml")
 
     p = sub.add_parser("graph", help="print the node's topology graph")
     if wanted("graph"):
-        _source_args(p)
-        _normalize_args(p)
+        add_source_args(p)
+        add_normalize_args(p)
         p.add_argument("-o", "--output", choices=["table", "json", "yaml", "dot"], default="table")
 
     sub.add_parser("machines", help="list the built-in fake machines")
+
+    for name, (module, help_text) in MODULE_COMMANDS.items():
+        p = sub.add_parser(name, help=help_text)
+        if only == name:
+            import_module(module).add_arguments(p)
     return parser
 
 
 def _discover_args(p: argparse.ArgumentParser) -> None:
-    _source_args(p)
+    add_source_args(p)
     p.add_argument(
         "-o",
         "--output",
@@ -117,33 +81,11 @@ def _discover_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _inventory(args: argparse.Namespace) -> Inventory:
-    if args.inventory:
-        import json
-
-        with open(args.inventory, encoding="utf-8") as fh:
-            return Inventory.from_dict(json.load(fh))
-    from discovery.discover import discover
-
-    probes = [p.strip() for p in args.probes.split(",") if p.strip()] if args.probes else None
-    return discover(args.sysfs_root, fake=args.fake, probes=probes)
-
-
-def _options(args: argparse.Namespace) -> NormalizeOptions:
-    from normalize.options import NormalizeOptions
-
-    return NormalizeOptions(
-        driver=args.driver,
-        numa_list=args.numa_list,
-        cpu_grouping=args.cpu_grouping,
-        legacy_aliases=args.legacy_aliases,
-    )
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command = next((a for a in argv if not a.startswith("-")), None)
-    args = build_parser(command if command in COMMANDS else None).parse_args(argv)
+    known = command in COMMANDS or command in MODULE_COMMANDS
+    args = build_parser(command if known else None).parse_args(argv)
     try:
         rc = _run(args)
         sys.stdout.flush()
@@ -161,6 +103,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.command in MODULE_COMMANDS:
+        rc: int = import_module(MODULE_COMMANDS[args.command][0]).run(args)
+        return rc
+
     from toposlice.output import dump
 
     if args.command == "machines":
@@ -170,7 +116,7 @@ def _run(args: argparse.Namespace) -> int:
             print(name)
         return 0
 
-    inv = _inventory(args)
+    inv = load_inventory(args)
     if not args.quiet and not (args.command == "discover" and args.output == "table"):
         # The table shows them itself; for machine-readable output they go to stderr too.
         for warning in inv.warnings:
@@ -188,7 +134,7 @@ def _run(args: argparse.Namespace) -> int:
             dump(inv.to_dict(), args.output)
         return 0
 
-    opts = _options(args)
+    opts = normalize_options(args)
     if args.command == "slices":
         import socket
 

@@ -1,0 +1,52 @@
+"""One consistent view of a node at one discovery: inventory, its DRA devices and graph.
+
+The daemon (publisher, health, exporter) and the scorer consume a ``Snapshot`` and never
+run discovery or probes themselves; the CLI builds one per rediscovery and hands it down.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from discovery.model import Inventory
+
+from .devices import Device, build_devices, device_names
+from .graph import build_graph
+from .options import NormalizeOptions
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    inventory: Inventory
+    node_name: str
+    """Kubernetes node name; also the name of the node's resource pool."""
+    options: NormalizeOptions
+    devices: tuple[Device, ...]
+    """The pool's devices in publishing order (API JSON form, no taints)."""
+    graph: dict[str, Any]
+    """``toposlice.graph/v1`` of the inventory."""
+    vertex_devices: dict[str, str] = field(default_factory=dict)
+    """Graph vertex id (``gpu:<bdf>``, ``nic:<bdf>``, ``cpu_group:<name>``) -> DRA device name."""
+
+    @property
+    def driver(self) -> str:
+        return self.options.driver
+
+    @property
+    def pool(self) -> str:
+        return self.node_name
+
+
+def build_snapshot(
+    inv: Inventory, node_name: str, opts: NormalizeOptions | None = None
+) -> Snapshot:
+    opts = opts or NormalizeOptions()
+    return Snapshot(
+        inventory=inv,
+        node_name=node_name,
+        options=opts,
+        devices=tuple(build_devices(inv, opts)),
+        graph=build_graph(inv, opts),
+        vertex_devices=device_names(inv, opts),
+    )
