@@ -10,10 +10,20 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from discovery.bandwidth import NVLINK_LINK_GBPS
 from discovery.model import Fabric, Gpu, NvLink, NvSwitch
+from discovery.nvml_codes import (
+    ARCHITECTURES,
+    FABRIC_HEALTH,
+    FABRIC_INFO_V2,
+    FABRIC_INFO_V3,
+    FABRIC_STATES,
+    NVLINK_DEVICE_TYPES,
+    NVLINK_VERSIONS,
+    NVML_ERROR_CODES,
+)
 from discovery.readers import normalize_bdf
 from plugins.base import ProbeContext, ProbeReport, ProbeUnavailable
 from plugins.pci_accel import class_code, parse_id
@@ -22,45 +32,16 @@ __all__ = ["NVLINK_BANDWIDTH_GBPS", "NVLINK_VERSIONS", "NvidiaProbe"]
 
 NVIDIA_VENDOR = 0x10DE
 
-# nvmlNvlinkVersion_t enum -> generation text.
-NVLINK_VERSIONS: dict[int, str] = {
-    1: "1.0",
-    2: "2.0",
-    3: "2.2",
-    4: "3.0",
-    5: "3.1",
-    6: "4.0",
-    7: "5.0",
-    8: "6.0",
-}
 NVLINK_BANDWIDTH_GBPS = NVLINK_LINK_GBPS
 RemoteType = Literal["gpu", "switch", "npu", "unknown"]
-_REMOTE_TYPES: dict[int, RemoteType] = {0: "gpu", 1: "npu", 2: "switch"}
-_FABRIC_STATES = ("not_supported", "not_started", "in_progress", "completed")
-_FABRIC_HEALTH = ("not_supported", "healthy", "unhealthy", "limited_capacity")
-_ARCHITECTURES: dict[int, str] = {
-    2: "kepler",
-    3: "maxwell",
-    4: "pascal",
-    5: "volta",
-    6: "turing",
-    7: "ampere",
-    8: "ada",
-    9: "hopper",
-    10: "blackwell",
-    13: "rubin",
-}
 NVSWITCH_MODELS: dict[int, str] = {0x22A3: "NVSwitch (H100 gen)", 0x1AF1: "A100 NVSwitch"}
 
 MAX_NVLINKS = 36  # pynvml's NVML_NVLINK_MAX_LINKS; the C header says 18 -- stop at errors.
 
-# NVML return codes used here (stable across NVML versions).
-_NOT_SUPPORTED = 3
-_INVALID_ARGUMENT = 2
-_FUNCTION_NOT_FOUND = 13
-_VERSION_MISMATCH = 25
-_FABRIC_V3 = 0x3000028
-_FABRIC_V2 = 0x02000024
+_NOT_SUPPORTED = NVML_ERROR_CODES["NOT_SUPPORTED"]
+_INVALID_ARGUMENT = NVML_ERROR_CODES["INVALID_ARGUMENT"]
+_FUNCTION_NOT_FOUND = NVML_ERROR_CODES["FUNCTION_NOT_FOUND"]
+_VERSION_MISMATCH = NVML_ERROR_CODES["ARGUMENT_VERSION_MISMATCH"]
 
 
 class _Missing(Exception):
@@ -111,7 +92,7 @@ class _FabricOut:
     """
 
     def __init__(self) -> None:
-        self.version = _FABRIC_V3
+        self.version = FABRIC_INFO_V3
         self.clusterUuid: Any = bytes(16)
         self.status = 0
         self.cliqueId = 0
@@ -180,6 +161,10 @@ class _Session:
 
 def _load_nvml(ctx: ProbeContext) -> Any:
     if ctx.nvml is not None:
+        # A replayed NVML (``toposlice gather``) can say why the gathered host had none.
+        reason = getattr(ctx.nvml, "toposlice_unavailable", None)
+        if isinstance(reason, str) and reason:
+            raise ProbeUnavailable(reason)
         return ctx.nvml
     if not ctx.live:
         raise ProbeUnavailable("NVML is only used on the live host (no fake NVML given)")
@@ -241,7 +226,7 @@ def _nvlinks(s: _Session, gpu: str, handle: Any) -> list[NvLink]:
             nv.remote_bus_id = _bus_id(remote)
         rtype = s.optional(gpu, "nvlink", "nvmlDeviceGetNvLinkRemoteDeviceType", handle, link)
         if isinstance(rtype, int):
-            nv.remote_type = _REMOTE_TYPES.get(rtype, "unknown")
+            nv.remote_type = cast(RemoteType, NVLINK_DEVICE_TYPES.get(rtype, "unknown"))
         links.append(nv)
     return links
 
@@ -281,7 +266,7 @@ def _fabric(s: _Session, gpu: str, handle: Any) -> Fabric | None:
     for fn_name, struct in _fabric_attempts(s.nvml):
         if not callable(getattr(s.nvml, fn_name, None)):
             continue
-        version = _FABRIC_V2 if "_v2" in getattr(struct, "__name__", "") else _FABRIC_V3
+        version = FABRIC_INFO_V2 if "_v2" in getattr(struct, "__name__", "") else FABRIC_INFO_V3
         try:
             obj, arg = _fabric_arg(struct, version)
             returned = s.call(fn_name, handle, arg)
@@ -304,14 +289,14 @@ def _fabric_from(s: _Session, gpu: str, obj: Any) -> Fabric | None:
         return None
     fabric = Fabric(
         cluster_uuid=_uuid_text(getattr(obj, "clusterUuid", None)),
-        state=_FABRIC_STATES[state] if 0 <= state < len(_FABRIC_STATES) else "unknown",
+        state=FABRIC_STATES[state] if 0 <= state < len(FABRIC_STATES) else "unknown",
     )
     clique = getattr(obj, "cliqueId", None)
     if isinstance(clique, int):
         fabric.clique_id = clique
     health = getattr(obj, "healthSummary", None)
-    if isinstance(health, int) and 0 <= health < len(_FABRIC_HEALTH):
-        fabric.health = _FABRIC_HEALTH[health]
+    if isinstance(health, int) and 0 <= health < len(FABRIC_HEALTH):
+        fabric.health = FABRIC_HEALTH[health]
     status = getattr(obj, "status", 0)
     fabric.status = status if isinstance(status, int) else None
     if fabric.state == "completed" and isinstance(status, int) and status != 0:
@@ -344,7 +329,7 @@ def _gpu(s: _Session, index: int, driver: str | None) -> Gpu | None:
         gpu.compute_capability = f"{cc[0]}.{cc[1]}"
     arch = s.optional(bus_id, "architecture", "nvmlDeviceGetArchitecture", handle)
     if isinstance(arch, int):
-        gpu.architecture = _ARCHITECTURES.get(arch)
+        gpu.architecture = ARCHITECTURES.get(arch)
     mig = s.optional(bus_id, "mig mode", "nvmlDeviceGetMigMode", handle)
     if isinstance(mig, tuple | list) and mig and isinstance(mig[0], int):
         gpu.mig_mode = mig[0] == 1

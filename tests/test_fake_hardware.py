@@ -29,9 +29,8 @@ from discovery.fake import (
     machine_path,
     make_nvml,
 )
-from discovery.fake.spec import format_cpulist
 from discovery.fake.sysfs_builder import cpumask
-from discovery.readers import normalize_bdf, parse_cpulist, parse_cpumask
+from discovery.readers import format_cpulist, normalize_bdf, parse_cpulist, parse_cpumask
 
 SHIPPED = ["cloud-vm-1gpu", "cpu-2s", "dgx-h100", "gb200-nvl72-tray", "mi300x-8"]
 

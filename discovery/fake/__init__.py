@@ -19,8 +19,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from discovery.fake.loader import load_file, load_yaml, parse_machine
 from discovery.fake.nvml import FakeNvml, NVMLError
-from discovery.fake.spec import MachineSpec, load_file, load_yaml, parse_machine
+from discovery.fake.spec import MachineSpec
 from discovery.fake.sysfs_builder import build_sysfs
 
 __all__ = [

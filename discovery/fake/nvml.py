@@ -14,15 +14,20 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from discovery.fake.loader import parse_bdf
 from discovery.fake.spec import (
-    NVLINK_VERSION_ENUM,
-    NVML_ERROR_CODES,
     NVML_FUNCTIONS,
     FabricSpec,
     MachineSpec,
     NvidiaGpuSpec,
     PciDeviceSpec,
-    parse_bdf,
+)
+from discovery.nvml_codes import (
+    FABRIC_INFO_V2,
+    FABRIC_INFO_V3,
+    NVLINK_VERSION_ENUM,
+    NVML_ERROR_CODES,
+    nvml_error_name,
 )
 
 __all__ = ["FakeMemoryInfo", "FakeNvml", "FakeNvmlDevice", "FakePciInfo", "NVMLError"]
@@ -51,10 +56,8 @@ class NVMLError(Exception):
         self.value = value
 
     def __str__(self) -> str:
-        for name, code in NVML_ERROR_CODES.items():
-            if code == self.value:
-                return name.replace("_", " ").title()
-        return f"Unknown Error (code {self.value})"
+        name = nvml_error_name(self.value)
+        return name.replace("_", " ").title() if name else f"Unknown Error (code {self.value})"
 
 
 def _camel(name: str) -> str:
@@ -171,14 +174,14 @@ class FakeNvml:
     NVMLError_NotFound = NVMLError_NotFound
 
     NVML_SUCCESS = 0
-    NVML_ERROR_UNINITIALIZED = 1
-    NVML_ERROR_INVALID_ARGUMENT = 2
-    NVML_ERROR_NOT_SUPPORTED = 3
-    NVML_ERROR_NO_PERMISSION = 4
-    NVML_ERROR_NOT_FOUND = 6
-    NVML_ERROR_LIBRARY_NOT_FOUND = 12
-    NVML_ERROR_GPU_IS_LOST = 15
-    NVML_ERROR_UNKNOWN = 999
+    NVML_ERROR_UNINITIALIZED = NVML_ERROR_CODES["UNINITIALIZED"]
+    NVML_ERROR_INVALID_ARGUMENT = NVML_ERROR_CODES["INVALID_ARGUMENT"]
+    NVML_ERROR_NOT_SUPPORTED = NVML_ERROR_CODES["NOT_SUPPORTED"]
+    NVML_ERROR_NO_PERMISSION = NVML_ERROR_CODES["NO_PERMISSION"]
+    NVML_ERROR_NOT_FOUND = NVML_ERROR_CODES["NOT_FOUND"]
+    NVML_ERROR_LIBRARY_NOT_FOUND = NVML_ERROR_CODES["LIBRARY_NOT_FOUND"]
+    NVML_ERROR_GPU_IS_LOST = NVML_ERROR_CODES["GPU_IS_LOST"]
+    NVML_ERROR_UNKNOWN = NVML_ERROR_CODES["UNKNOWN"]
     NVML_DEVICE_ARCH_AMPERE = 7
     NVML_DEVICE_ARCH_ADA = 8
     NVML_DEVICE_ARCH_HOPPER = 9
@@ -210,8 +213,8 @@ class FakeNvml:
     NVML_GPU_FABRIC_HEALTH_SUMMARY_HEALTHY = 1
     NVML_GPU_FABRIC_HEALTH_SUMMARY_UNHEALTHY = 2
     NVML_GPU_FABRIC_HEALTH_SUMMARY_LIMITED_CAPACITY = 3
-    nvmlGpuFabricInfo_v2 = 0x02000024
-    nvmlGpuFabricInfo_v3 = 0x03000028
+    nvmlGpuFabricInfo_v2 = FABRIC_INFO_V2
+    nvmlGpuFabricInfo_v3 = FABRIC_INFO_V3
     c_nvmlGpuFabricInfo_t = c_nvmlGpuFabricInfo_t
     c_nvmlGpuFabricInfo_v2_t = c_nvmlGpuFabricInfo_v2_t
     c_nvmlGpuFabricInfo_v3_t = c_nvmlGpuFabricInfo_v3_t

@@ -13,7 +13,8 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from discovery.fake.spec import MachineSpec, PciDeviceSpec, format_cpulist
+from discovery.fake.spec import MachineSpec, PciDeviceSpec
+from discovery.readers import format_cpulist
 
 __all__ = ["build_sysfs", "cpumask", "function_dir"]
 
