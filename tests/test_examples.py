@@ -1,0 +1,215 @@
+"""examples/: every claim gets exactly the devices its comment names on each machine it names.
+
+The slices are the ones `toposlice slices --fake <machine>` prints (run as a command), the
+DeviceClasses the ones normalize/deviceclasses.py defines (and the chart installs), and
+the allocation follows the upstream structured-allocation rules (tests/structured_allocator.py,
+CEL evaluated by a CEL library, not by Python code of ours).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+from kubernetes_validate.utils import latest_version
+
+from normalize.deviceclasses import device_classes
+from tests.structured_allocator import AllocationError, Allocator, Result
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
+NODE = "n1"
+
+_EXPECT = re.compile(r"^#\s{2,}([a-z0-9][-a-z0-9]*):\s+(.+?)\s*$")
+
+
+@cache
+def machine_slices(machine: str) -> tuple[dict[str, Any], ...]:
+    """The slices ``toposlice slices --fake <machine> --node-name n1`` prints."""
+    args = ["-q", "slices", "--fake", machine, "--node-name", NODE, "-o", "yaml"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "toposlice", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=REPO,
+    )
+    assert proc.returncode == 0, f"toposlice slices --fake {machine} failed: {proc.stderr}"
+    return tuple(d for d in yaml.safe_load_all(proc.stdout) if d)
+
+
+def expectations(path: Path) -> dict[str, dict[str, list[str]] | None]:
+    """``machine -> {result request -> [device, ...]}``, or None for "unsatisfiable"."""
+    out: dict[str, dict[str, list[str]] | None] = {}
+    in_block = False
+    for line in path.read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        if "Allocation on the fake machines" in line:
+            in_block = True
+            continue
+        if not in_block:
+            continue
+        m = _EXPECT.match(line)
+        if m is None:
+            if out:
+                break
+            continue
+        machine, rest = m.groups()
+        if rest == "unsatisfiable":
+            out[machine] = None
+            continue
+        results: dict[str, list[str]] = {}
+        for part in rest.split(";"):
+            request, _, devices = part.partition("=")
+            results[request.strip()] = devices.split()
+        out[machine] = results
+    return out
+
+
+def docs(path: Path) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def template(path: Path) -> dict[str, Any]:
+    (t,) = [d for d in docs(path) if d["kind"] == "ResourceClaimTemplate"]
+    return t
+
+
+def grouped(results: list[Result]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for r in results:
+        out.setdefault(r.request, []).append(r.device)
+    return out
+
+
+CASES = [(p, machine) for p in EXAMPLES for machine in expectations(p)]
+
+
+def test_examples_exist_and_name_machines() -> None:
+    names = {p.stem for p in EXAMPLES}
+    assert {
+        "gpus-nvlink-domain",
+        "gpu-nic-same-pcie-root",
+        "gpus-cpu-same-numa",
+        "whole-node",
+        "gpus-8-else-4",
+    } <= names
+    for p in EXAMPLES:
+        exp = expectations(p)
+        assert exp, f"{p.name}: no 'Allocation on the fake machines' block in its comment"
+        assert any(v is not None for v in exp.values()), f"{p.name}: satisfiable nowhere"
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_example_objects_validate(path: Path) -> None:
+    version = latest_version()
+    for d in docs(path):
+        kubernetes_validate.validate(d, version, strict=True)
+    t = template(path)
+    classes = {c["metadata"]["name"] for c in device_classes()}
+    pod = next(d for d in docs(path) if d["kind"] == "Pod")
+    assert pod["spec"]["resourceClaims"][0]["resourceClaimTemplateName"] == t["metadata"]["name"]
+    for req in t["spec"]["spec"]["devices"]["requests"]:
+        for alt in req.get("firstAvailable", [req.get("exactly")]):
+            assert alt["deviceClassName"] in classes
+
+
+@pytest.mark.parametrize(("path", "machine"), CASES, ids=lambda x: getattr(x, "name", x))
+def test_example_allocates_as_its_comment_says(path: Path, machine: str) -> None:
+    want = expectations(path)[machine]
+    alloc = Allocator(machine_slices(machine), device_classes(), node=NODE)
+    got = alloc.allocate(template(path)["spec"]["spec"])
+    if want is None:
+        assert got is None, f"{path.name} on {machine}: comment says unsatisfiable, got {got}"
+        return
+    assert got is not None, f"{path.name} on {machine}: not satisfiable"
+    assert grouped(got) == want
+    assert all(r.driver == "toposlice.dev" and r.pool == NODE for r in got)
+
+
+# -- the allocator model itself: it must be able to say no -------------------------------
+
+
+def _claim(*requests: dict[str, Any], constraints: list[dict[str, Any]] | None = None) -> dict:
+    return {"devices": {"requests": list(requests), "constraints": constraints or []}}
+
+
+def _gpus(count: int) -> dict[str, Any]:
+    return {"name": "gpus", "exactly": {"deviceClassName": "gpu.toposlice.dev", "count": count}}
+
+
+def test_model_refuses_more_devices_than_exist() -> None:
+    alloc = Allocator(machine_slices("dgx-h100"), device_classes(), node=NODE)
+    assert alloc.allocate(_claim(_gpus(8))) is not None
+    assert alloc.allocate(_claim(_gpus(9))) is None
+
+
+def test_model_skips_devices_already_allocated() -> None:
+    alloc = Allocator(machine_slices("dgx-h100"), device_classes(), node=NODE)
+    first = alloc.allocate(_claim(_gpus(4)))
+    assert first is not None
+    taken = [(r.driver, r.pool, r.device) for r in first]
+    second = alloc.allocate(_claim(_gpus(4)), allocated=taken)
+    assert second is not None
+    assert not {r.device for r in first} & {r.device for r in second}
+    assert (
+        alloc.allocate(
+            _claim(_gpus(1)), allocated=taken + [(r.driver, r.pool, r.device) for r in second]
+        )
+        is None
+    )
+
+
+def test_model_backtracks_into_a_matching_pair() -> None:
+    # numa-1 GPU first in request order: first-fit must skip numa-0 CPU groups.
+    alloc = Allocator(machine_slices("dgx-h100"), device_classes(), node=NODE)
+    numa1 = 'device.attributes["resource.kubernetes.io"].numaNode == 1'
+    claim = _claim(
+        {
+            "name": "gpu",
+            "exactly": {
+                "deviceClassName": "gpu.toposlice.dev",
+                "selectors": [{"cel": {"expression": numa1}}],
+            },
+        },
+        {"name": "cpu", "exactly": {"deviceClassName": "cpu.toposlice.dev"}},
+        constraints=[{"matchAttribute": "resource.kubernetes.io/numaNode"}],
+    )
+    got = alloc.allocate(claim)
+    assert got is not None
+    assert grouped(got) == {"gpu": ["gpu-0000-9d-00-0"], "cpu": ["cpu-numa1"]}
+
+
+def test_model_stops_on_a_selector_error() -> None:
+    # An attribute some devices lack, read without a guard, is a CEL error: upstream
+    # aborts the claim rather than skipping the device.
+    alloc = Allocator(machine_slices("dgx-h100"), device_classes(), node=NODE)
+    bad = 'device.attributes["toposlice.dev"].linkLayer == "InfiniBand"'
+    claim = _claim(
+        {
+            "name": "nic",
+            "exactly": {
+                "deviceClassName": "gpu.toposlice.dev",
+                "selectors": [{"cel": {"expression": bad}}],
+            },
+        }
+    )
+    with pytest.raises(AllocationError):
+        alloc.allocate(claim)
+
+
+def test_model_ignores_incomplete_pools() -> None:
+    (one,) = machine_slices("cloud-vm-1gpu")
+    broken = yaml.safe_load(yaml.safe_dump(one))
+    broken["spec"]["pool"]["resourceSliceCount"] = 2
+    alloc = Allocator([broken], device_classes(), node=NODE)
+    assert alloc.devices == []
+    assert alloc.allocate(_claim(_gpus(1))) is None
