@@ -1,0 +1,362 @@
+"""Score one candidate device set on one node, with every part explained.
+
+A score is 0..100: the weighted mean of parts that are each 0..1 (1 = best), with weights
+set by the request's communication pattern and bound class. Parts:
+
+* ``bandwidth`` — collective busbw of the GPU set (``bandwidth.busbw_gbps``) on a log scale
+  up to the best per-GPU figure of any fabric the scorer knows (NVLink 5, 721.8 GB/s), so
+  nodes compare on one absolute scale and PCIe paths still differ;
+* ``nic_locality`` — the assigned NICs' GPU↔NIC path (PIX best … SYS worst), as the fraction
+  of line rate a GPU gets through it;
+* ``cpu_locality`` — GPUs whose NUMA node holds the chosen CPUs (or, without CPUs, the share
+  of GPUs on the set's main NUMA node: host-side staging stays local);
+* ``contention`` — chosen GPUs behind a PCIe switch (or root complex) that already carries
+  memory-bound work;
+* ``fragmentation`` — how much the node's best well-connected blocks for future 2/4/8-GPU jobs
+  shrink (absolute busbw, weighted by the multi-GPU size mix), so a 1-GPU job does not break
+  an NVSwitch board when a PCIe pair would do.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .bandwidth import NIC_PATH_DERATE, busbw_gbps, crossbar_gbps
+from .request import Occupancy, Request
+from .topology import CpuView, GpuView, NicView, NodeTopology
+
+#: The best per-GPU busbw of any fabric modelled (NVLink 5, 18 × 40.1 GB/s).
+REF_GBPS = 721.8
+#: Future multi-GPU demand by size (share of multi-GPU jobs in bench/placement.py's mix).
+FUTURE_SIZES: dict[int, float] = {2: 0.3, 4: 0.3, 8: 0.4}
+#: Above this many subsets, a node's best block is estimated greedily.
+ENUM_LIMIT = 3000
+
+_PATTERN_WEIGHTS: dict[str, tuple[float, float, float]] = {
+    # bandwidth, nic_locality, cpu_locality
+    "tensor-parallel": (0.55, 0.05, 0.10),
+    "data-parallel": (0.35, 0.25, 0.10),
+    "pipeline-parallel": (0.20, 0.25, 0.15),
+    "inference-prefill": (0.25, 0.10, 0.20),
+    "inference-decode": (0.40, 0.05, 0.15),
+    "independent": (0.0, 0.15, 0.35),
+}
+
+
+def bandwidth_part(busbw: float) -> float:
+    """Log scale: a PCIe pair at 24 vs 20 GB/s still matters next to NVLink's 370-722."""
+    return min(1.0, math.log1p(max(0.0, busbw)) / math.log1p(REF_GBPS))
+
+
+def weights(req: Request) -> dict[str, float]:
+    bw, nic, cpu = _PATTERN_WEIGHTS[req.pattern]
+    contention = 0.1
+    if req.bound == "communication":
+        bw *= 1.5
+    elif req.bound == "memory":
+        contention = 0.3
+    else:
+        cpu *= 1.3
+    return {
+        "bandwidth": bw if req.gpus > 1 else 0.0,
+        "nic_locality": nic if req.nics_per_gpu > 0 else 0.0,
+        "cpu_locality": cpu,
+        "contention": contention,
+        "fragmentation": 0.25,
+    }
+
+
+@dataclass(frozen=True)
+class Placement:
+    node: str
+    gpus: tuple[str, ...]
+    """Graph vertex ids."""
+    nics: tuple[str, ...]
+    cpus: tuple[str, ...]
+    devices: tuple[str, ...]
+    """DRA device names (GPUs, NICs, CPU groups)."""
+    score: float
+    parts: dict[str, float] = field(default_factory=dict, compare=False)
+    explain: tuple[str, ...] = field(default=(), compare=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "node": self.node,
+            "devices": list(self.devices),
+            "score": round(self.score, 3),
+            "parts": {k: round(v, 4) for k, v in self.parts.items()},
+            "explain": list(self.explain),
+        }
+
+
+class NodeState:
+    """A node's graph view plus what is free on it for one request."""
+
+    def __init__(self, topo: NodeTopology, occ: Occupancy | None, req: Request) -> None:
+        occ = occ or Occupancy()
+        used = occ.used(topo.pool)
+        busy = occ.busy_memory(topo.pool)
+        self.topo = topo
+        self.all_free_gpus = tuple(g for g in topo.gpus if g.dra_device not in used)
+        self.free_gpus = tuple(g for g in self.all_free_gpus if gpu_eligible(g, req))
+        self.free_nics = tuple(n for n in topo.nics if n.dra_device not in used)
+        self.free_cpus = tuple(c for c in topo.cpus if c.dra_device not in used)
+        busy_gpus = [g for g in topo.gpus if g.dra_device in busy]
+        self.busy_switches = Counter(g.switch for g in busy_gpus)
+        self.busy_roots = Counter(g.pcie_root for g in busy_gpus)
+        self.free_key = frozenset(g.vid for g in self.all_free_gpus)
+        self.frag_before = block_value(topo, self.all_free_gpus)
+
+
+def gpu_eligible(g: GpuView, req: Request) -> bool:
+    if req.min_gpu_memory and (g.memory_bytes or 0) < req.min_gpu_memory:
+        return False
+    return all(str(g.attrs.get(k)) == v for k, v in req.gpu_attributes.items())
+
+
+def node_eligible(topo: NodeTopology, req: Request) -> bool:
+    """Hard constraints (node labels) — applied before any scoring."""
+    return all(topo.labels.get(k) == v for k, v in req.node_labels.items())
+
+
+_BUSBW_CACHE: dict[tuple[str, frozenset[str]], float] = {}
+_BLOCK_CACHE: dict[tuple[str, frozenset[str]], float] = {}
+
+
+def set_busbw(topo: NodeTopology, gpus: Sequence[GpuView]) -> float:
+    key = (topo.signature, frozenset(g.vid for g in gpus))
+    bw = _BUSBW_CACHE.get(key)
+    if bw is None:
+        bw = busbw_gbps(topo, gpus)
+        if len(_BUSBW_CACHE) > 200_000:
+            _BUSBW_CACHE.clear()
+        _BUSBW_CACHE[key] = bw
+    return bw
+
+
+def greedy_sets(
+    topo: NodeTopology, free: Sequence[GpuView], size: int, seeds: int = 16
+) -> list[list[GpuView]]:
+    """Grow sets from one seed per PCIe switch group, adding the GPU that keeps busbw highest
+    (ties: same switch, then same NUMA node as the seed)."""
+    groups: dict[str, GpuView] = {}
+    for g in free:
+        groups.setdefault(g.switch, g)
+    out: list[list[GpuView]] = []
+    for seed in list(groups.values())[:seeds]:
+        chosen = [seed]
+        rest = [g for g in free if g.vid != seed.vid]
+        while len(chosen) < size and rest:
+            best = max(
+                rest,
+                key=lambda g: (
+                    set_busbw(topo, [*chosen, g]),
+                    g.switch == seed.switch,
+                    g.numa == seed.numa,
+                    g.bus_id == min(x.bus_id for x in rest),
+                ),
+            )
+            chosen.append(best)
+            rest.remove(best)
+        out.append(chosen)
+    return out
+
+
+def block_value(topo: NodeTopology, free: Sequence[GpuView]) -> float:
+    """The node's worth to jobs that need well-connected GPUs: for each future size, pack
+    disjoint best blocks greedily and add GPUs × busbw, weighted by the size mix, in units of
+    a full 8-GPU board at ``REF_GBPS``."""
+    key = (topo.signature, frozenset(g.vid for g in free))
+    value = _BLOCK_CACHE.get(key)
+    if value is None:
+        value = 0.0
+        for size, weight in FUTURE_SIZES.items():
+            value += weight * _packed_gbps(topo, list(free), size)
+        value /= REF_GBPS * 8
+        if len(_BLOCK_CACHE) > 200_000:
+            _BLOCK_CACHE.clear()
+        _BLOCK_CACHE[key] = value
+    return value
+
+
+def _packed_gbps(topo: NodeTopology, free: list[GpuView], size: int) -> float:
+    xbar = crossbar_gbps(free) if free else None
+    if xbar is not None:
+        return (len(free) // size) * size * xbar
+    total = 0.0
+    while len(free) >= size:
+        if math.comb(len(free), size) <= ENUM_LIMIT:
+            block: tuple[GpuView, ...] = max(
+                itertools.combinations(free, size), key=lambda c: set_busbw(topo, c)
+            )
+        else:
+            sets = greedy_sets(topo, free, size, 8)
+            block = tuple(max(sets, key=lambda c: set_busbw(topo, c)))
+        bw = set_busbw(topo, block)
+        if bw <= 0:
+            break
+        total += size * bw
+        taken = {g.vid for g in block}
+        free = [g for g in free if g.vid not in taken]
+    return total
+
+
+def assign_nics(
+    topo: NodeTopology, gpus: Sequence[GpuView], free_nics: Sequence[NicView], per_gpu: int
+) -> list[tuple[GpuView, NicView]] | None:
+    """Each GPU its own ``per_gpu`` NICs, closest path first; None when too few NICs."""
+    if per_gpu == 0:
+        return []
+    if len(free_nics) < per_gpu * len(gpus):
+        return None
+    taken: set[str] = set()
+    pairs: list[tuple[GpuView, NicView]] = []
+    # GPUs with a single close NIC pick first, so they do not lose it to a GPU with options.
+    for gpu in sorted(gpus, key=lambda g: (_nic_options(topo, g, free_nics), g.bus_id)):
+        ranked = sorted(
+            (n for n in free_nics if n.vid not in taken),
+            key=lambda n: (-_nic_rank(topo, gpu, n), not n.rdma, -n.gbps, n.bus_id),
+        )
+        for nic in ranked[:per_gpu]:
+            taken.add(nic.vid)
+            pairs.append((gpu, nic))
+    return pairs
+
+
+def _nic_rank(topo: NodeTopology, gpu: GpuView, nic: NicView) -> float:
+    return NIC_PATH_DERATE.get(topo.relation(gpu.vid, nic.vid), NIC_PATH_DERATE["SYS"])
+
+
+def _nic_options(topo: NodeTopology, gpu: GpuView, nics: Sequence[NicView]) -> int:
+    best = max((_nic_rank(topo, gpu, n) for n in nics), default=0.0)
+    return sum(1 for n in nics if _nic_rank(topo, gpu, n) == best)
+
+
+def choose_cpus(
+    gpus: Sequence[GpuView], free_cpus: Sequence[CpuView], cpus: int
+) -> list[CpuView] | None:
+    """CPU groups on the GPUs' NUMA nodes first (most GPUs first) until ``cpus`` are covered."""
+    if cpus == 0:
+        return []
+    numa_votes = Counter(g.numa for g in gpus)
+    ranked = sorted(free_cpus, key=lambda c: (-numa_votes.get(c.numa, 0), c.numa or 0, c.vid))
+    chosen: list[CpuView] = []
+    total = 0
+    for c in ranked:
+        if total >= cpus:
+            break
+        chosen.append(c)
+        total += c.cpu_count
+    return chosen if total >= cpus else None
+
+
+def score_set(
+    state: NodeState,
+    req: Request,
+    gpus: Sequence[GpuView],
+    busbw_override: float | None = None,
+    nics: Sequence[NicView] | None = None,
+    cpus: Sequence[CpuView] | None = None,
+) -> Placement | None:
+    """The placement of ``gpus`` (+ NICs and CPUs chosen for them); None if infeasible.
+
+    ``busbw_override`` replaces the in-node collective figure for a pod of a multi-node job
+    whose collective runs over a larger fabric (an NVLink domain, the NICs). ``nics`` fixes
+    the NICs (and ``cpus`` the CPU groups) instead of choosing them.
+    """
+    topo = state.topo
+    if nics is not None:
+        per = len(nics) // len(gpus) if gpus and len(nics) % len(gpus) == 0 else 0
+        pairs = assign_nics(topo, gpus, nics, per) if per else None
+        if pairs is None and nics:
+            raise ValueError(f"{len(nics)} NICs cannot be shared evenly by {len(gpus)} GPUs")
+    else:
+        pairs = assign_nics(topo, gpus, state.free_nics, req.nics_per_gpu)
+    if pairs is None:
+        return None
+    cpu_groups = list(cpus) if cpus is not None else choose_cpus(gpus, state.free_cpus, req.cpus)
+    if cpu_groups is None:
+        return None
+    n = len(gpus)
+    busbw = set_busbw(topo, gpus) if busbw_override is None else busbw_override
+    parts: dict[str, float] = {"busbw_gbps": busbw, "bandwidth": bandwidth_part(busbw)}
+    explain = [f"busbw {busbw:.1f} GB/s over {n} GPU(s)"]
+    if pairs:
+        ranks = [_nic_rank(topo, g, nic) for g, nic in pairs]
+        parts["nic_locality"] = sum(ranks) / len(ranks) / NIC_PATH_DERATE["PIX"]
+        paths = Counter(topo.relation(g.vid, nic.vid) for g, nic in pairs)
+        explain.append("GPU↔NIC " + ", ".join(f"{k}×{v}" for k, v in sorted(paths.items())))
+    else:
+        parts["nic_locality"] = 1.0
+    if cpu_groups:
+        local = {c.numa for c in cpu_groups}
+        parts["cpu_locality"] = sum(1 for g in gpus if g.numa in local) / n
+        explain.append(f"CPUs on NUMA {sorted(x for x in local if x is not None)}")
+    else:
+        main = Counter(g.numa for g in gpus).most_common(1)[0][1] if gpus else 0
+        parts["cpu_locality"] = main / n if n else 1.0
+    shared = sum(
+        1.0
+        if state.busy_switches.get(g.switch)
+        else 0.5
+        if state.busy_roots.get(g.pcie_root)
+        else 0
+        for g in gpus
+    )
+    parts["contention"] = 1.0 - shared / n if n else 1.0
+    if shared:
+        explain.append(f"{shared:g} GPU(s) share a PCIe switch/root with memory-bound work")
+    chosen = {g.vid for g in gpus}
+    after = [g for g in state.all_free_gpus if g.vid not in chosen]
+    loss = max(0.0, state.frag_before - block_value(topo, after))
+    parts["capacity_loss"] = loss
+    parts["fragmentation"] = 1.0 - loss
+    if loss > 1e-9:
+        explain.append(f"well-connected capacity −{loss:.3f}")
+    w = weights(req)
+    total = sum(w.values())
+    score = 100.0 * sum(w[k] * parts[k] for k in w) / total if total else 0.0
+    nic_views = [nic for _, nic in pairs]
+    devices = (
+        *(g.dra_device for g in gpus),
+        *(nic.dra_device for nic in nic_views),
+        *(c.dra_device for c in cpu_groups),
+    )
+    return Placement(
+        node=topo.name,
+        gpus=tuple(g.vid for g in gpus),
+        nics=tuple(nic.vid for nic in nic_views),
+        cpus=tuple(c.vid for c in cpu_groups),
+        devices=devices,
+        score=score,
+        parts=parts,
+        explain=tuple(explain),
+    )
+
+
+def score_devices(
+    topo: NodeTopology, occ: Occupancy | None, req: Request, devices: Iterable[str]
+) -> Placement:
+    """Score a given device set (``toposlice score --devices``); GPUs are required, NICs and
+    CPU groups given are used as they are, else chosen."""
+    state = NodeState(topo, occ, req)
+    names = list(devices)
+    unknown = [d for d in names if d not in topo.by_device]
+    if unknown:
+        raise ValueError(f"{topo.name}: no device named {unknown[0]!r}")
+    vids = [topo.by_device[d] for d in names]
+    gpus = [topo.gpu(v) for v in vids if v.startswith("gpu:")]
+    nics = [n for n in topo.nics if n.vid in vids]
+    cpus = [c for c in topo.cpus if c.vid in vids]
+    if not gpus:
+        raise ValueError("--devices must name at least one GPU")
+    req = req.with_gpus(len(gpus))
+    p = score_set(state, req, gpus, nics=nics or None, cpus=cpus or None)
+    if p is None:
+        raise ValueError(f"{topo.name}: not enough free NICs or CPUs for these GPUs")
+    return p

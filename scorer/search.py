@@ -1,0 +1,326 @@
+"""Find the best device sets: on one node, in one NVLink domain, or across nodes.
+
+* A node whose free-GPU subsets of the wanted size are few (every node up to 8 GPUs, and
+  more) is searched exhaustively: the chosen set is the optimum of ``score.score_set``.
+* A larger node (a 72-GPU single-graph NVLink domain) is searched by structure: candidate
+  sets grown from one seed per PCIe switch group plus best-fit group filling, then improved
+  by single swaps — a few hundred scorings instead of C(72, k).
+* A multi-node NVLink domain (NVL72 rack of 4-GPU trays): each tray's best pod for every
+  count comes from the exact node search; a knapsack DP picks the counts per tray that
+  maximise the GPU-weighted pod score, less a per-pod penalty. Exact for that objective.
+* Jobs larger than any domain: one whole-node pod per node, on the nodes whose pods score
+  best (GPU↔NIC paths, in-node busbw), at the NIC-bound collective.
+Results for a node are cached on (hardware signature, free set, busy set, request), so
+identical nodes in identical states are searched once.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .bandwidth import nic_gbps
+from .request import Occupancy, Request
+from .score import NodeState, Placement, node_eligible, score_set, set_busbw, weights
+from .topology import GpuView, NodeTopology
+
+EXACT_LIMIT = 5000
+#: Score points a multi-node placement pays per extra pod (more processes, more failure
+#: domains, more claims).
+POD_PENALTY = 1.0
+
+
+@dataclass(frozen=True)
+class ClusterPlacement:
+    pods: tuple[Placement, ...]
+    score: float
+    parts: dict[str, float] = field(default_factory=dict, compare=False)
+    kind: str = "node"
+    """``node``, ``nvlink-domain`` or ``multi-node``."""
+
+    @property
+    def gpus(self) -> int:
+        return sum(len(p.gpus) for p in self.pods)
+
+    def to_dicts(self) -> list[dict[str, Any]]:
+        """One ``{node, devices, score, parts}`` per pod (the CLI's JSON shape)."""
+        out = []
+        for p in self.pods:
+            d = p.to_dict()
+            d["score"] = round(self.score, 3)
+            d["parts"] = {**d["parts"], **{k: round(v, 4) for k, v in self.parts.items()}}
+            if len(self.pods) > 1:
+                d["pod_score"] = round(p.score, 3)
+                d["placement"] = self.kind
+            out.append(d)
+        return out
+
+
+_NODE_CACHE: dict[tuple[Any, ...], list[Placement]] = {}
+
+
+def _cache_key(state: NodeState, req: Request, override: float | None) -> tuple[Any, ...]:
+    return (
+        state.topo.signature,
+        state.free_key,
+        frozenset(n.vid for n in state.free_nics),
+        frozenset(c.vid for c in state.free_cpus),
+        tuple(sorted(state.busy_switches.items())),
+        tuple(sorted((str(k), v) for k, v in state.busy_roots.items())),
+        req.key(),
+        override,
+    )
+
+
+def node_placements(
+    topo: NodeTopology,
+    occ: Occupancy | None,
+    req: Request,
+    top: int = 5,
+    busbw_override: float | None = None,
+    state: NodeState | None = None,
+) -> list[Placement]:
+    """The best ``top`` placements of ``req`` on one node, best first (ties: lower bus ids)."""
+    if not node_eligible(topo, req):
+        return []
+    state = state or NodeState(topo, occ, req)
+    if len(state.free_gpus) < req.gpus:
+        return []
+    key = _cache_key(state, req, busbw_override)
+    cached = _NODE_CACHE.get(key)
+    if cached is None:
+        cached = _search_node(state, req, busbw_override)
+        if len(_NODE_CACHE) > 50_000:
+            _NODE_CACHE.clear()
+        _NODE_CACHE[key] = cached
+    # Cached results are in signature terms; map vertex ids are equal across same-layout nodes
+    # but the node name is not.
+    return [_renamed(p, topo.name) for p in cached[:top]]
+
+
+def _renamed(p: Placement, node: str) -> Placement:
+    if p.node == node:
+        return p
+    return Placement(node, p.gpus, p.nics, p.cpus, p.devices, p.score, p.parts, p.explain)
+
+
+def _rank(ps: list[Placement]) -> list[Placement]:
+    return sorted(ps, key=lambda p: (-round(p.score, 9), p.devices))
+
+
+def _search_node(state: NodeState, req: Request, override: float | None) -> list[Placement]:
+    free, k = state.free_gpus, req.gpus
+    if math.comb(len(free), k) <= EXACT_LIMIT:
+        found = [score_set(state, req, list(c), override) for c in itertools.combinations(free, k)]
+        return _rank([p for p in found if p is not None])[:16]
+    return _structured(state, req, override)
+
+
+def _structured(state: NodeState, req: Request, override: float | None) -> list[Placement]:
+    topo, free, k = state.topo, list(state.free_gpus), req.gpus
+    candidates: list[list[GpuView]] = []
+    # Best-fit group filling at each level of the hierarchy.
+    for level in (
+        lambda g: g.switch,
+        lambda g: g.pcie_root,
+        lambda g: g.numa,
+        lambda g: g.nvlink_domain,
+    ):
+        groups: dict[Any, list[GpuView]] = {}
+        for g in free:
+            groups.setdefault(level(g), []).append(g)
+        fitting = sorted((v for v in groups.values() if len(v) >= k), key=len)
+        if fitting:
+            candidates.append(sorted(fitting[0], key=lambda g: g.bus_id)[:k])
+        chosen: list[GpuView] = []
+        for grp in sorted(groups.values(), key=lambda v: (-len(v), v[0].bus_id)):
+            chosen += sorted(grp, key=lambda g: g.bus_id)[: k - len(chosen)]
+            if len(chosen) == k:
+                break
+        candidates.append(chosen)
+    from .score import greedy_sets
+
+    candidates += greedy_sets(topo, free, k, seeds=16)
+    scored = [score_set(state, req, c, override) for c in candidates]
+    best = _rank([p for p in scored if p is not None])[:4]
+    # Single swaps on the best few, two rounds.
+    for _ in range(2):
+        improved: list[Placement] = []
+        for p in best:
+            inside = [topo.gpu(v) for v in p.gpus]
+            outside = [g for g in free if g.vid not in p.gpus]
+            options = sorted({g.switch: g for g in outside}.values(), key=lambda g: g.bus_id)
+            for i in range(len(inside)):
+                for g in options:
+                    trial = [*inside[:i], g, *inside[i + 1 :]]
+                    q = score_set(state, req, trial, override)
+                    if q is not None and q.score > p.score + 1e-9:
+                        improved.append(q)
+        if not improved:
+            break
+        best = _rank(best + improved)[:4]
+    return _rank(best)
+
+
+# ---------------------------------------------------------------- multi-node
+
+
+def nvlink_domains(nodes: Sequence[NodeTopology]) -> dict[str, list[NodeTopology]]:
+    """Domains that span nodes (fabric cliques), with their member nodes."""
+    out: dict[str, list[NodeTopology]] = {}
+    for t in nodes:
+        doms = {g.nvlink_domain for g in t.gpus if g.nvlink_domain}
+        for d in doms:
+            if d.startswith("clique:"):
+                out.setdefault(d, []).append(t)
+    return {d: ns for d, ns in out.items() if len(ns) > 1}
+
+
+def _pod_term(p: Placement, req: Request, k: int) -> float:
+    """A pod's additive share of a multi-pod score: its GPUs' share of the per-GPU parts,
+    minus its whole capacity loss, minus the per-pod penalty."""
+    w = weights(req)
+    total = sum(w.values()) or 1.0
+    per_gpu = sum(w[x] * p.parts[x] for x in ("nic_locality", "cpu_locality", "contention"))
+    c = len(p.gpus)
+    return 100.0 * (per_gpu * c / k - w["fragmentation"] * p.parts["capacity_loss"]) / total - (
+        POD_PENALTY
+    )
+
+
+def _combine(pods: Sequence[Placement], req: Request, busbw: float, kind: str) -> ClusterPlacement:
+    """Score of a multi-pod placement: the job's collective, GPU-weighted locality parts, the
+    summed capacity loss of every node it touches, and the pod penalty (one pod = the node
+    score exactly)."""
+    from .score import bandwidth_part
+
+    k = sum(len(p.gpus) for p in pods)
+    w = weights(req)
+    total = sum(w.values()) or 1.0
+    base = 100.0 * (w["bandwidth"] * bandwidth_part(busbw) + w["fragmentation"]) / total
+    score = base + POD_PENALTY + sum(_pod_term(p, req, k) for p in pods)
+    parts = {
+        "busbw_gbps": busbw,
+        "pods": float(len(pods)),
+        "capacity_loss": sum(p.parts["capacity_loss"] for p in pods),
+    }
+    return ClusterPlacement(tuple(pods), score, parts, kind)
+
+
+def domain_placement(
+    members: Sequence[NodeTopology], occ: Occupancy | None, req: Request
+) -> ClusterPlacement | None:
+    """Best placement of ``req`` inside one multi-node NVLink domain (DP over its nodes)."""
+    states = [NodeState(t, occ, req) for t in members if node_eligible(t, req)]
+    if sum(len(s.free_gpus) for s in states) < req.gpus:
+        return None
+    bw = min((g.nvswitch_gbps for s in states for g in s.free_gpus), default=0.0)
+    k = req.gpus
+    # options[i][c] = best pod with c GPUs on node i.
+    options: list[dict[int, Placement]] = []
+    for s in states:
+        opt: dict[int, Placement] = {}
+        for c in range(1, min(len(s.free_gpus), k) + 1):
+            found = node_placements(s.topo, occ, req.with_gpus(c), 1, bw, state=None)
+            if found:
+                opt[c] = found[0]
+        options.append(opt)
+    # dp[j] = (value, pods) over the nodes so far with j GPUs placed; value = Σ pod terms.
+    neg = -math.inf
+    empty: tuple[Placement, ...] = ()
+    dp: list[tuple[float, tuple[Placement, ...]]] = [(0.0, empty)] + [(neg, empty)] * k
+    for opt in options:
+        nxt = list(dp)
+        for j in range(k + 1):
+            if dp[j][0] == neg:
+                continue
+            for c, p in opt.items():
+                if j + c > k:
+                    continue
+                val = dp[j][0] + _pod_term(p, req, k)
+                if val > nxt[j + c][0] + 1e-9:
+                    nxt[j + c] = (val, (*dp[j][1], p))
+        dp = nxt
+    if dp[k][0] == neg:
+        return None
+    return _combine(dp[k][1], req, bw, "nvlink-domain")
+
+
+def multi_node_placement(
+    nodes: Sequence[NodeTopology], occ: Occupancy | None, req: Request
+) -> ClusterPlacement | None:
+    """Whole-node pods over the NICs: the job's collective is bound by the slowest pod (its
+    in-node ring, or its GPUs' derated NIC bandwidth)."""
+    by_size: dict[int, list[tuple[float, float, Placement]]] = {}
+    for t in nodes:
+        n = len(t.gpus)
+        if n == 0 or req.gpus % n or not node_eligible(t, req):
+            continue
+        state = NodeState(t, occ, req)
+        if len(state.free_gpus) < n:
+            continue
+        found = node_placements(t, occ, req.with_gpus(n), 1, state=state)
+        if not found:
+            continue
+        p = found[0]
+        bw = _pod_network_gbps(t, p)
+        by_size.setdefault(n, []).append((p.score, bw, p))
+    best: ClusterPlacement | None = None
+    for n, pods in by_size.items():
+        need = req.gpus // n
+        if len(pods) < need:
+            continue
+        pods.sort(key=lambda x: (-x[1], -x[0], x[2].node))
+        chosen = pods[:need]
+        bw = min(b for _, b, _ in chosen)
+        cand = _combine([p for _, _, p in chosen], req, bw, "multi-node")
+        if best is None or cand.score > best.score:
+            best = cand
+    return best
+
+
+def _pod_network_gbps(t: NodeTopology, p: Placement) -> float:
+    gpus = [t.gpu(v) for v in p.gpus]
+    intra = set_busbw(t, gpus)
+    nics = [n for n in t.nics if n.vid in p.nics]
+    if not nics:
+        nics = sorted(t.nics, key=lambda n: -n.gbps)[:1]
+    if not nics:
+        return 0.0
+    per_gpu = max(1, len(p.nics) // max(1, len(gpus)))
+    bws = []
+    for i, g in enumerate(gpus):
+        mine = nics[i * per_gpu : (i + 1) * per_gpu] if len(nics) >= len(gpus) else nics
+        share = 1 if len(nics) >= len(gpus) else math.ceil(len(gpus) / len(nics))
+        bws.append(sum(nic_gbps(t, g, n, share) for n in mine))
+    return min(intra, min(bws))
+
+
+def place(
+    nodes: Sequence[NodeTopology], occ: Occupancy | None, req: Request, top: int = 5
+) -> list[ClusterPlacement]:
+    """Ranked placements of ``req`` over ``nodes``: single-node ones, then (when the job needs
+    more than a node) one NVLink domain when it fits, else whole-node pods over the NICs."""
+    out: list[ClusterPlacement] = []
+    for t in nodes:
+        for p in node_placements(t, occ, req, top):
+            out.append(
+                ClusterPlacement((p,), p.score, {"busbw_gbps": p.parts["busbw_gbps"]}, "node")
+            )
+    max_node = max((len(t.gpus) for t in nodes), default=0)
+    domains = nvlink_domains(nodes)
+    for members in domains.values():
+        per_node = max(len(t.gpus) for t in members)
+        if req.gpus > per_node:
+            cand = domain_placement(members, occ, req)
+            if cand is not None:
+                out.append(cand)
+    if req.gpus > max_node and not any(c.kind == "nvlink-domain" for c in out):
+        cand = multi_node_placement(nodes, occ, req)
+        if cand is not None:
+            out.append(cand)
+    out.sort(key=lambda c: (-round(c.score, 9), c.pods[0].node, c.pods[0].devices))
+    return out[:top]

@@ -1,0 +1,156 @@
+"""``toposlice score``: rank placements of a workload request on node topology graphs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from toposlice.output import dump
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--request", required=True, metavar="REQ.yaml", help="workload request file")
+    src = p.add_argument_group("nodes (at least one)")
+    src.add_argument(
+        "--fake",
+        action="append",
+        default=[],
+        metavar="NAME[:NODE]",
+        help="a built-in fake machine (repeatable; NODE renames it)",
+    )
+    src.add_argument(
+        "--graph",
+        action="append",
+        nargs="+",
+        default=[],
+        metavar="FILE",
+        help="toposlice.graph/v1 files (`toposlice graph -o json`)",
+    )
+    src.add_argument(
+        "--url", action="append", default=[], help="a node's /v1/topology URL (repeatable)"
+    )
+    p.add_argument("--occupancy", metavar="FILE", help="allocated devices or ResourceClaims")
+    p.add_argument(
+        "--node-labels",
+        metavar="FILE",
+        help="YAML/JSON mapping node name -> labels (for the request's nodeLabels filter)",
+    )
+    p.add_argument("-o", "--output", choices=["table", "json"], default="table")
+    p.add_argument("--top", type=int, default=5, help="placements to print (default 5)")
+    p.add_argument(
+        "--devices", metavar="A,B,...", help="score this device set instead of searching"
+    )
+    p.add_argument("--node", help="the node --devices are on (default: the only/first node)")
+    p.add_argument(
+        "--emit-claim",
+        metavar="FILE",
+        help="write a List with the ResourceClaimTemplate(s) and DeviceClasses for the best",
+    )
+    p.add_argument("--claim-name", default=None, help="template name (default: request name)")
+
+
+def _load_nodes(args: argparse.Namespace) -> tuple[list[Any], dict[str, list[dict[str, Any]]]]:
+    from scorer.topology import from_graph, load_graphs, read_graph_file, rename_graph
+
+    labels: dict[str, dict[str, str]] = {}
+    if args.node_labels:
+        import yaml
+
+        data = yaml.safe_load(Path(args.node_labels).read_text(encoding="utf-8"))
+        if not isinstance(data, dict):
+            raise ValueError(f"{args.node_labels}: expected a mapping node -> labels")
+        labels = {str(k): {str(a): str(b) for a, b in (v or {}).items()} for k, v in data.items()}
+    nodes = []
+    slices: dict[str, list[dict[str, Any]]] = {}
+    for spec in args.fake:
+        from discovery.discover import discover
+        from normalize.graph import build_graph
+        from normalize.slices import build_slices
+
+        name, _, node = spec.partition(":")
+        inv = discover("/", fake=name)
+        graph = build_graph(inv)
+        node = node or str(graph.get("node") or name)
+        graph = rename_graph(graph, node)
+        nodes.append(from_graph(graph, labels.get(node)))
+        slices[node] = build_slices(inv, node)
+    for files in args.graph:
+        for f in files:
+            g = read_graph_file(f)
+            nodes.append(from_graph(g, labels.get(str(g.get("node")))))
+    for t in load_graphs(urls=args.url):
+        t.labels = labels.get(t.name, {})
+        nodes.append(t)
+    if not nodes:
+        raise ValueError("no nodes: give --fake, --graph or --url")
+    names = [t.name for t in nodes]
+    dup = {n for n in names if names.count(n) > 1}
+    if dup:
+        raise ValueError(f"two graphs for node {sorted(dup)[0]!r} (rename with --fake NAME:NODE)")
+    return nodes, slices
+
+
+def run(args: argparse.Namespace) -> int:
+    from scorer.claim import claim_list
+    from scorer.request import Occupancy, load_occupancy, load_request
+    from scorer.score import score_devices
+    from scorer.search import ClusterPlacement, place
+
+    req = load_request(args.request)
+    occ = load_occupancy(args.occupancy) if args.occupancy else Occupancy()
+    nodes, slices = _load_nodes(args)
+    by_name = {t.name: t for t in nodes}
+    if args.devices:
+        node = by_name.get(args.node) if args.node else nodes[0]
+        if node is None:
+            raise ValueError(f"--node {args.node!r}: no such node")
+        names = [d.strip() for d in args.devices.split(",") if d.strip()]
+        p = score_devices(node, occ, req, names)
+        results = [ClusterPlacement((p,), p.score, {}, "node")]
+    else:
+        results = place(nodes, occ, req, args.top)
+    placements = [d for r in results for d in r.to_dicts()]
+    if args.output == "json":
+        dump({"placements": placements}, "json")
+    else:
+        sys.stdout.write(_table(results))
+    if not results:
+        print("toposlice: no placement fits the request", file=sys.stderr)
+    if args.emit_claim and results:
+        from driver.atomic import write_atomic
+
+        best = results[0]
+        pods = [(by_name[p.node], p) for p in best.pods]
+        doc = claim_list(args.claim_name or req.name, pods, req, occ, slices)
+        import yaml
+
+        text = (
+            json.dumps(doc, indent=2) + "\n"
+            if args.emit_claim.endswith(".json")
+            else yaml.safe_dump(doc, sort_keys=False)
+        )
+        write_atomic(Path(args.emit_claim), text.encode("utf-8"))
+    return 0 if results else 1
+
+
+def _table(results: list[Any]) -> str:
+    if not results:
+        return "(no placement fits)\n"
+    out: list[str] = []
+    for rank, r in enumerate(results, 1):
+        kind = f" [{r.kind}, {len(r.pods)} pods]" if len(r.pods) > 1 else ""
+        out.append(f"#{rank}  score {r.score:7.2f}{kind}")
+        for p in r.pods:
+            out.append(f"    {p.node}: {', '.join(p.devices)}")
+            parts = "  ".join(
+                f"{k}={v:.3g}" for k, v in p.parts.items() if k not in ("busbw_gbps",)
+            )
+            out.append(f"      {parts}")
+            for line in p.explain:
+                out.append(f"      - {line}")
+        if len(r.pods) > 1:
+            out.append(f"    job collective {r.parts.get('busbw_gbps', 0):.1f} GB/s")
+    return "\n".join(out) + "\n"
