@@ -1,0 +1,109 @@
+"""Unix-socket hygiene for the kubelet-facing gRPC servers (plugin-watcher rules).
+
+Before listen: remove a stale socket at *our own* path (a previous run that died). On
+exit: remove it again, but only if it is still the one we created -- a newer instance may
+already have replaced it. The kubelet reaches the sockets as root; nobody else needs to,
+so they are created without world access.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import stat
+import threading
+from collections.abc import Callable
+from concurrent import futures
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+log = logging.getLogger(__name__)
+
+SOCKET_MODE = 0o660
+UNIX_PATH_MAX = 108
+_umask_lock = threading.Lock()
+
+
+def check_socket_path(path: Path) -> None:
+    if not path.is_absolute():
+        raise ValueError(f"socket path {path} must be absolute (the kubelet dials it as is)")
+    if len(os.fsencode(path)) >= UNIX_PATH_MAX:
+        raise ValueError(f"socket path {path} is longer than {UNIX_PATH_MAX - 1} bytes")
+
+
+def remove_stale(path: Path) -> None:
+    """Unlink a socket file left at ``path``; refuse to touch anything that is not one."""
+    try:
+        st = path.lstat()
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(st.st_mode):
+        raise FileExistsError(f"{path} exists and is not a socket; not removing it")
+    log.info("removing stale socket %s", path)
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+
+
+@dataclass
+class SocketServer:
+    """A started gRPC server on one unix socket; ``stop`` removes that socket."""
+
+    server: grpc.Server
+    path: Path
+    inode: int
+    on_stop: Callable[[], None] | None = None
+
+    def stop(self, grace: float | None = 5.0) -> None:
+        """Stop accepting, let in-flight calls finish for ``grace`` seconds, remove the
+        socket (only if it is still ours)."""
+        if self.on_stop is not None:
+            self.on_stop()
+        self.server.stop(grace).wait()
+        remove_own(self.path, self.inode)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return bool(self.server.wait_for_termination(timeout))
+
+
+def remove_own(path: Path, inode: int) -> None:
+    try:
+        st = path.lstat()
+    except FileNotFoundError:
+        return
+    if stat.S_ISSOCK(st.st_mode) and st.st_ino == inode:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+
+def serve_unix(
+    path: Path,
+    register: Callable[[grpc.Server], None],
+    *,
+    max_workers: int = 16,
+    interceptors: tuple[grpc.ServerInterceptor, ...] = (),
+) -> SocketServer:
+    """Create, bind (stale socket removed first), restrict the mode and start a server."""
+    check_socket_path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale(path)
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc"),
+        interceptors=interceptors,
+        options=[("grpc.so_reuseport", 0)],
+    )
+    register(server)
+    # The umask covers the window between bind() and chmod(); it is process-wide, so
+    # servers started from several threads take turns.
+    with _umask_lock:
+        old = os.umask(0o117)
+        try:
+            if server.add_insecure_port(f"unix://{path}") == 0:
+                raise OSError(f"cannot listen on {path}")
+        finally:
+            os.umask(old)
+    os.chmod(path, SOCKET_MODE)
+    server.start()
+    return SocketServer(server=server, path=path, inode=path.lstat().st_ino)

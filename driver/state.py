@@ -1,0 +1,432 @@
+"""Prepare and unprepare claims: the state behind the kubelet's NodePrepareResources calls.
+
+For each claim: read the ResourceClaim (its UID must be the one the kubelet sent), take
+the allocation results of this driver in this node's pool, look the devices up in the
+current :class:`~normalize.snapshot.Snapshot`, write the claim's NCCL topology file and
+its CDI spec, and record it in the checkpoint.
+
+Crash safety comes from the order of writes: the checkpoint records the intent
+(``PrepareStarted``, with every file the claim will own) before any file is written and
+the commit after all of them; unprepare removes the files before the record. Whatever a
+kill -9 interrupts, the next call for that claim redoes (same file names, same CDI ids)
+or undoes it, and a restart removes files no record owns.
+
+Every problem with one claim is that claim's error string; nothing here raises to the
+gRPC layer. Calls for different claims run concurrently (one lock per claim); the
+checkpoint file itself is updated under one short lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from discovery.model import Gpu, Inventory, Nic
+from normalize.snapshot import Snapshot
+
+from . import cdi
+from .atomic import TEMP_SUFFIX, remove_quiet, write_atomic
+from .checkpoint import (
+    ClaimRecord,
+    LoadStatus,
+    PreparedDevice,
+    load_checkpoint,
+    read_boot_id,
+    save_checkpoint,
+)
+from .container_edits import ClaimDevices, claim_edits, cpu_edits, gpu_edits, nic_edits
+from .interfaces import ClaimNotFound, ClaimReader
+from .nccl_topo import build_topology
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_FILE = "checkpoint.json"
+TOPO_DIR = "nccl"
+_UID = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,126}[A-Za-z0-9])?$")
+
+
+@dataclass(frozen=True)
+class ClaimRef:
+    """What the kubelet sends per claim."""
+
+    namespace: str
+    name: str
+    uid: str
+
+
+@dataclass(frozen=True)
+class PrepareResult:
+    devices: tuple[PreparedDevice, ...] = ()
+    error: str = ""
+
+
+class ClaimError(Exception):
+    """A problem with one claim; becomes that claim's error string."""
+
+
+FailPoint = Callable[[str], None]
+
+
+def _no_fail(step: str) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class _Plan:
+    devices: tuple[PreparedDevice, ...]
+    spec: dict[str, Any] | None
+    topo_xml: str | None
+
+
+class DriverState:
+    """Owns ``<cdi_root>/k8s.<driver>-claim_<uid>.json``, ``<state_dir>/checkpoint.json``
+    and ``<state_dir>/nccl/<uid>.xml``; nothing else on disk."""
+
+    def __init__(
+        self,
+        driver_name: str,
+        node_name: str,
+        cdi_root: str | os.PathLike[str],
+        state_dir: str | os.PathLike[str],
+        root_path: str | os.PathLike[str],
+        claim_reader: ClaimReader,
+        snapshot_fn: Callable[[], Snapshot | None],
+        *,
+        fail_point: FailPoint = _no_fail,
+    ) -> None:
+        self.driver = driver_name
+        self.pool = node_name
+        self.kind = cdi.kind_for(driver_name)
+        cdi.check_kind(self.kind)
+        self.cdi_root = Path(cdi_root)
+        self.state_dir = Path(state_dir)
+        self.topo_dir = self.state_dir / TOPO_DIR
+        self.checkpoint_path = self.state_dir / CHECKPOINT_FILE
+        self.reader = claim_reader
+        self.snapshot_fn = snapshot_fn
+        self._fail = fail_point
+        for d in (self.cdi_root, self.state_dir, self.topo_dir):
+            d.mkdir(parents=True, exist_ok=True)
+        self.boot_id = read_boot_id(Path(root_path))
+        self._lock = threading.Lock()
+        self._claim_locks: dict[str, threading.Lock] = {}
+        claims, status = load_checkpoint(self.checkpoint_path, self.boot_id)
+        self.load_status: LoadStatus = status
+        self._claims: dict[str, ClaimRecord] = claims
+        self._reconcile()
+
+    # -- public API -------------------------------------------------------------------
+
+    def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
+        """One result per claim UID (a repeated UID gets one entry)."""
+        out: dict[str, PrepareResult] = {}
+        for ref in claims:
+            try:
+                devices = self._prepare_one(ref)
+            except ClaimError as exc:
+                out[ref.uid] = PrepareResult(error=f"{_label(ref)}: {exc}")
+            except Exception as exc:  # a bug or an I/O error: still a per-claim answer
+                log.exception("prepare %s failed", _label(ref))
+                out[ref.uid] = PrepareResult(error=f"{_label(ref)}: internal error: {exc}")
+            else:
+                out[ref.uid] = PrepareResult(devices=devices)
+        return out
+
+    def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
+        """Claim UID -> error ("" = done). Unknown claims succeed."""
+        out: dict[str, str] = {}
+        for ref in claims:
+            try:
+                self._unprepare_one(ref)
+            except Exception as exc:
+                log.exception("unprepare %s failed", _label(ref))
+                out[ref.uid] = f"{_label(ref)}: {exc}"
+            else:
+                out[ref.uid] = ""
+        return out
+
+    def prepared_devices(self) -> dict[str, str]:
+        """DRA device name -> UID of the (completed) claim it is prepared for."""
+        claims = self._claims
+        return {
+            dev.device: rec.uid
+            for rec in claims.values()
+            if rec.state == "PrepareCompleted"
+            for dev in rec.devices
+        }
+
+    def claims(self) -> dict[str, ClaimRecord]:
+        """The checkpoint's records (a copy)."""
+        return dict(self._claims)
+
+    # -- paths ------------------------------------------------------------------------
+
+    def spec_path(self, uid: str) -> Path:
+        return self.cdi_root / cdi.spec_file_name(self.kind, uid)
+
+    def topo_path(self, uid: str) -> Path:
+        return self.topo_dir / f"{uid}.xml"
+
+    def _owned_paths(self, uid: str) -> list[Path]:
+        return [self.spec_path(uid), self.topo_path(uid)]
+
+    # -- prepare ----------------------------------------------------------------------
+
+    def _claim_lock(self, uid: str) -> threading.Lock:
+        with self._lock:
+            return self._claim_locks.setdefault(uid, threading.Lock())
+
+    def _prepare_one(self, ref: ClaimRef) -> tuple[PreparedDevice, ...]:
+        if not _UID.match(ref.uid):
+            raise ClaimError(f"invalid claim UID {ref.uid!r}")
+        with self._claim_lock(ref.uid):
+            rec = self._claims.get(ref.uid)
+            if rec is not None and rec.state == "PrepareCompleted":
+                if all(Path(f).exists() for f in rec.files):
+                    return rec.devices
+                log.warning("claim %s: files missing, preparing again", _label(ref))
+            try:
+                plan = self._plan(ref)
+                self._check_overlap(ref.uid, plan.devices)
+            except ClaimError:
+                if rec is not None:  # a crash left a half-prepared claim: leave nothing
+                    self._undo(rec)
+                raise
+            files = []
+            if plan.topo_xml is not None:
+                files.append(str(self.topo_path(ref.uid)))
+            if plan.spec is not None:
+                files.append(str(self.spec_path(ref.uid)))
+            intent = ClaimRecord(
+                uid=ref.uid,
+                namespace=ref.namespace,
+                name=ref.name,
+                state="PrepareStarted",
+                devices=plan.devices,
+                files=tuple(files),
+            )
+            stale = [p for p in (rec.files if rec else ()) if p not in intent.files]
+            self._put(intent)
+            self._fail("intent")
+            try:
+                for p in stale:
+                    remove_quiet(Path(p))
+                if plan.topo_xml is not None:
+                    write_atomic(self.topo_path(ref.uid), plan.topo_xml.encode(), mode=0o644)
+                self._fail("topology")
+                if plan.spec is not None:
+                    cdi.write_spec(self.spec_path(ref.uid), plan.spec)
+                self._fail("spec")
+                self._put(replace(intent, state="PrepareCompleted"))
+            except Exception:
+                self._undo(intent)
+                raise
+            return plan.devices
+
+    def _plan(self, ref: ClaimRef) -> _Plan:
+        """Everything prepare will write, computed before anything is written."""
+        try:
+            claim = self.reader.get_claim(ref.namespace, ref.name)
+        except ClaimNotFound as exc:
+            raise ClaimError(f"ResourceClaim not found: {exc}") from None
+        except Exception as exc:
+            raise ClaimError(f"reading the ResourceClaim failed: {exc}") from None
+        meta = claim.get("metadata") or {}
+        if meta.get("uid") != ref.uid:
+            raise ClaimError(
+                f"claim got replaced: the API server has UID {meta.get('uid')!r}, "
+                f"the kubelet asked for {ref.uid!r}"
+            )
+        allocation = (claim.get("status") or {}).get("allocation")
+        if not allocation:
+            raise ClaimError("claim is not allocated")
+        results = [
+            r
+            for r in ((allocation.get("devices") or {}).get("results") or [])
+            if r.get("driver") == self.driver
+        ]
+        if not results:
+            return _Plan(devices=(), spec=None, topo_xml=None)
+        snap = self.snapshot_fn()
+        if snap is None:
+            raise ClaimError("no device inventory yet (discovery has not finished)")
+        by_name = {d["name"]: d for d in snap.devices}
+        vertex_of = {name: vid for vid, name in snap.vertex_devices.items()}
+        claim_devices = ClaimDevices()
+        seen: set[str] = set()
+        prepared: list[PreparedDevice] = []
+        edits: dict[str, cdi.ContainerEdits] = {}
+        for r in results:
+            pool, name = r.get("pool", ""), r.get("device", "")
+            if pool != self.pool:
+                raise ClaimError(f"device {pool}/{name} is not in this node's pool {self.pool!r}")
+            if name not in by_name:
+                raise ClaimError(f"device {name!r} is not in pool {self.pool!r}")
+            cdi_name = f"{ref.uid}-{name}"
+            if name not in seen:
+                seen.add(name)
+                edits[cdi_name] = self._device_edits(
+                    snap.inventory, name, vertex_of.get(name, ""), by_name[name], claim_devices
+                )
+            share = r.get("shareID")
+            prepared.append(
+                PreparedDevice(
+                    request_names=(str(r.get("request", "")).split("/")[0],),
+                    pool=pool,
+                    device=name,
+                    cdi_ids=(cdi.qualified(self.kind, cdi_name),),
+                    share_id=str(share) if share else None,
+                    admin_access=bool(r.get("adminAccess")),
+                )
+            )
+        topo_xml = None
+        if claim_devices.gpus or claim_devices.nics:
+            topo_xml = build_topology(
+                snap.inventory,
+                [g for _, g in claim_devices.gpus],
+                [n for _, n in claim_devices.nics],
+                f"claim-{ref.uid}",
+            )
+        topo_host = str(self.topo_path(ref.uid)) if topo_xml is not None else None
+        common = claim_edits(ref.uid, claim_devices, topo_host)
+        try:
+            spec = cdi.build_spec(self.kind, edits, common)
+        except ValueError as exc:
+            raise ClaimError(str(exc)) from None
+        return _Plan(devices=tuple(prepared), spec=spec, topo_xml=topo_xml)
+
+    def _device_edits(
+        self,
+        inv: Inventory,
+        name: str,
+        vertex: str,
+        device: dict[str, Any],
+        out: ClaimDevices,
+    ) -> cdi.ContainerEdits:
+        kind, _, key = vertex.partition(":")
+        if kind == "gpu":
+            gpu = _find(inv.gpus, key)
+            if gpu is not None:
+                out.gpus.append((name, gpu))
+                return gpu_edits(inv, name, gpu)
+        elif kind == "nic":
+            nic = _find(inv.nics, key)
+            if nic is not None:
+                out.nics.append((name, nic))
+                return nic_edits(inv, name, nic)
+        cpu_list = ((device.get("attributes") or {}).get("cpuList") or {}).get("string", "")
+        out.cpus.append((name, cpu_list))
+        return cpu_edits(name, cpu_list)
+
+    def _check_overlap(self, uid: str, devices: Iterable[PreparedDevice]) -> None:
+        """A device prepared for another claim is refused unless both sides share it
+        (admin access or a multi-allocation share id)."""
+        mine = {d.device: d for d in devices}
+        for rec in self._claims.values():
+            if rec.uid == uid:
+                continue
+            for other in rec.devices:
+                d = mine.get(other.device)
+                if d is None or _shared(d) or _shared(other):
+                    continue
+                raise ClaimError(
+                    f"device {other.device!r} is already prepared for claim "
+                    f"{rec.namespace}/{rec.name} ({rec.uid})"
+                )
+
+    # -- unprepare --------------------------------------------------------------------
+
+    def _unprepare_one(self, ref: ClaimRef) -> None:
+        if not _UID.match(ref.uid):
+            return  # never ours: nothing to undo
+        with self._claim_lock(ref.uid):
+            rec = self._claims.get(ref.uid)
+            if rec is None:
+                # Not recorded (never prepared, already unprepared, or a lost checkpoint):
+                # still remove files under this claim's names.
+                for p in self._owned_paths(ref.uid):
+                    remove_quiet(p)
+                return
+            self._undo(rec)
+
+    def _undo(self, rec: ClaimRecord) -> None:
+        """Remove the claim's files, then its record. Interrupted in between, the record
+        stays: unprepare removes the files again, prepare sees them missing and redoes."""
+        for p in {*map(Path, rec.files), *self._owned_paths(rec.uid)}:
+            remove_quiet(p)
+        self._fail("unprepare-files")
+        self._drop(rec.uid)
+
+    # -- checkpoint -------------------------------------------------------------------
+
+    def _put(self, rec: ClaimRecord) -> None:
+        with self._lock:
+            claims = dict(self._claims)
+            claims[rec.uid] = rec
+            save_checkpoint(self.checkpoint_path, self.boot_id, claims)
+            self._claims = claims
+
+    def _drop(self, uid: str) -> None:
+        with self._lock:
+            if uid not in self._claims:
+                return
+            claims = dict(self._claims)
+            del claims[uid]
+            save_checkpoint(self.checkpoint_path, self.boot_id, claims)
+            self._claims = claims
+
+    def _reconcile(self) -> None:
+        """At start: remove leftover temp files and the spec/topology files no record owns
+        (interrupted prepares keep theirs: the kubelet's retry completes them). After a
+        corrupt checkpoint, files are kept: containers of still-prepared claims may restart
+        and need their spec."""
+        spec_prefix = cdi.spec_file_name(self.kind, "")
+        for directory, temp_prefix in ((self.cdi_root, f".{spec_prefix}"), (self.topo_dir, ".")):
+            for entry in _listdir(directory):
+                if entry.startswith(temp_prefix) and entry.endswith(TEMP_SUFFIX):
+                    remove_quiet(directory / entry)
+        if self.load_status == "corrupt":
+            save_checkpoint(self.checkpoint_path, self.boot_id, self._claims)
+            return
+        owned = {f for rec in self._claims.values() for f in rec.files}
+        owned |= {str(p) for uid in self._claims for p in self._owned_paths(uid)}
+        for entry in _listdir(self.cdi_root):
+            if entry.startswith(spec_prefix) and entry.endswith(".json"):
+                path = self.cdi_root / entry
+                if str(path) not in owned:
+                    log.info("removing orphan CDI spec %s", path)
+                    remove_quiet(path)
+        for entry in _listdir(self.topo_dir):
+            path = self.topo_dir / entry
+            if entry.endswith(".xml") and str(path) not in owned:
+                remove_quiet(path)
+        if self.load_status != "ok":
+            save_checkpoint(self.checkpoint_path, self.boot_id, self._claims)
+
+
+def _label(ref: ClaimRef) -> str:
+    return f"claim {ref.namespace}/{ref.name} ({ref.uid})"
+
+
+def _shared(d: PreparedDevice) -> bool:
+    return d.admin_access or d.share_id is not None
+
+
+def _find(items: Sequence[Gpu] | Sequence[Nic], bus_id: str) -> Any:
+    for item in items:
+        if item.bus_id == bus_id:
+            return item
+    return None
+
+
+def _listdir(directory: Path) -> list[str]:
+    try:
+        return os.listdir(directory)
+    except FileNotFoundError:
+        return []
