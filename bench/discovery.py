@@ -32,7 +32,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from discovery.discover import discover  # noqa: E402
+from toposlice.discover import discover  # noqa: E402
 
 DEFAULT_FIXTURES = REPO.parent / "shared" / "fixtures" / "hwloc"
 LEAN = (

@@ -12,15 +12,16 @@ import re
 
 from discovery.model import CacheGroup, Cpu
 from discovery.readers import parse_cpulist, parse_cpumask, read_int, read_text
-from discovery.warnings import Warnings
+from discovery.root import Root
+from discovery.warning_log import Warnings
 
 _CPU_DIR = re.compile(r"^cpu(\d+)$")
 _SIZE = re.compile(r"^(\d+)\s*([KMG]?)")
 
 
-def online_cpus(sys_root: str, warn: Warnings) -> list[int]:
+def online_cpus(root: Root, warn: Warnings) -> list[int]:
     """Online CPUs: ``cpu/online`` when present, else the ``cpuN`` dirs not marked offline."""
-    base = os.path.join(sys_root, "devices", "system", "cpu")
+    base = root.sys_path("devices", "system", "cpu")
     text = read_text(os.path.join(base, "online"))
     if text is not None:
         cpus = parse_cpulist(text)
@@ -73,9 +74,9 @@ def _llc_index(cache_dir: str) -> str | None:
 
 
 def discover_cpus(
-    sys_root: str, online: list[int], warn: Warnings
+    root: Root, online: list[int], warn: Warnings
 ) -> tuple[list[Cpu], list[CacheGroup]]:
-    base = os.path.join(sys_root, "devices", "system", "cpu")
+    base = root.sys_path("devices", "system", "cpu")
     online_set = set(online)
     cpus: dict[int, Cpu] = {}
     siblings_of: dict[int, list[int]] = {}

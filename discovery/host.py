@@ -14,8 +14,9 @@ from discovery.net import discover_net, discover_rdma
 from discovery.numa import assign_packages, discover_numa
 from discovery.pci import discover_pci
 from discovery.readers import read_text
+from discovery.root import Root
 from discovery.udev import pci_names
-from discovery.warnings import Warnings
+from discovery.warning_log import Warnings
 
 
 def locality_node(dev: PciDevice, nodes: list[NumaNode]) -> int | None:
@@ -34,37 +35,37 @@ def locality_node(dev: PciDevice, nodes: list[NumaNode]) -> int | None:
     return hits[0] if len(hits) == 1 else None
 
 
-def discover_host(root: str = "/", live: bool | None = None) -> tuple[Inventory, Warnings]:
-    root = os.path.abspath(root)
-    if live is None:
-        live = root == "/"
-    sys_root = os.path.join(root, "sys")
+def discover_host(root: Root | str = "/", live: bool | None = None) -> tuple[Inventory, Warnings]:
+    """The sysfs backends' inventory of ``root`` (a :class:`Root`, or a path made into one
+    with ``live``), and the warnings they gave."""
+    if not isinstance(root, Root):
+        root = Root(root, live)
     warn = Warnings()
     inv = Inventory()
-    inv.source = {"sysfs_root": root}
-    if not os.path.isdir(sys_root):
-        warn.add(f"no sysfs under {root!r}: inventory is empty")
+    inv.source = {"sysfs_root": root.path}
+    if not os.path.isdir(root.sys):
+        warn.add(f"no sysfs under {root.path!r}: inventory is empty")
 
-    hostname = read_text(os.path.join(root, "etc", "hostname")) if not live else None
-    if live:
+    if root.live:
         import socket
 
-        hostname = socket.gethostname()
-    inv.hostname = hostname or None
+        inv.hostname = socket.gethostname() or None
+    else:
+        inv.hostname = read_text(root.etc_path("hostname")) or None
 
-    online = online_cpus(sys_root, warn)
-    inv.cpus, inv.caches = discover_cpus(sys_root, online, warn)
-    inv.numa_nodes = discover_numa(sys_root, online, warn)
+    online = online_cpus(root, warn)
+    inv.cpus, inv.caches = discover_cpus(root, online, warn)
+    inv.numa_nodes = discover_numa(root, online, warn)
     assign_packages(inv.numa_nodes, inv.cpus)
 
-    inv.pci_devices = discover_pci(sys_root, warn)
-    names = pci_names() if live else {}
+    inv.pci_devices = discover_pci(root, warn)
+    names = pci_names() if root.live else {}
     for dev in inv.pci_devices:
         dev.locality_numa_node = locality_node(dev, inv.numa_nodes)
         dev.vendor_name, dev.device_name = names.get(dev.bus_id, (None, None))
 
-    inv.net_interfaces = discover_net(sys_root, live, warn)
-    inv.rdma_devices = discover_rdma(sys_root, warn)
+    inv.net_interfaces = discover_net(root, warn)
+    inv.rdma_devices = discover_rdma(root, warn)
     by_bus = {d.bus_id: d for d in inv.pci_devices}
     for iface in inv.net_interfaces:
         if iface.bus_id in by_bus:

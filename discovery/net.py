@@ -13,33 +13,26 @@ import re
 from discovery.model import NetInterface, RdmaDevice, RdmaPort
 from discovery.pci import BDF_RE
 from discovery.readers import read_int, read_text
-from discovery.warnings import Warnings
+from discovery.root import Root
+from discovery.warning_log import Warnings
 
 _RATE = re.compile(r"^\s*([0-9.]+)\s*Gb/sec")
 
 
-def _device_path(class_dir: str, name: str) -> str | None:
-    """The entry's real location relative to ``sys/`` (following the class symlink)."""
+def _device_path(class_rel: str, class_dir: str, name: str) -> str | None:
+    """The entry's real location relative to ``sys/`` (following the class symlink);
+    ``class_rel`` is ``class_dir`` relative to ``sys/`` (``class/net``)."""
     entry = os.path.join(class_dir, name)
     try:
-        target = os.readlink(entry)
-        return os.path.normpath(
-            os.path.join(os.path.relpath(class_dir, _sys_of(class_dir)), target)
-        )
+        return os.path.normpath(os.path.join(class_rel, os.readlink(entry)))
     except OSError:
         pass
     # Old layouts: a plain class directory with a ``device`` link to the function.
     try:
         target = os.readlink(os.path.join(entry, "device"))
-        rel = os.path.relpath(entry, _sys_of(class_dir))
-        return os.path.normpath(os.path.join(rel, target))
+        return os.path.normpath(os.path.join(class_rel, name, target))
     except OSError:
         return None
-
-
-def _sys_of(class_dir: str) -> str:
-    # class_dir is <sys>/class/<name>
-    return os.path.dirname(os.path.dirname(class_dir))
 
 
 def nearest_pci(rel_path: str | None) -> str | None:
@@ -54,16 +47,16 @@ def nearest_pci(rel_path: str | None) -> str | None:
     return None
 
 
-def discover_net(sys_root: str, live: bool, warn: Warnings) -> list[NetInterface]:
-    class_dir = os.path.join(sys_root, "class", "net")
+def discover_net(root: Root, warn: Warnings) -> list[NetInterface]:
+    class_dir = root.sys_path("class", "net")
     try:
         names = sorted(os.listdir(class_dir))
     except OSError:
         return []
-    stats = _psutil_stats() if live else {}
+    stats = _psutil_stats() if root.live else {}
     out = []
     for name in names:
-        rel = _device_path(class_dir, name)
+        rel = _device_path("class/net", class_dir, name)
         iface = NetInterface(name=name, bus_id=nearest_pci(rel))
         base = os.path.join(class_dir, name)
         iface.address = read_text(os.path.join(base, "address"))
@@ -93,8 +86,8 @@ def _psutil_stats() -> dict[str, tuple[int, int]]:
         return {}
 
 
-def discover_rdma(sys_root: str, warn: Warnings) -> list[RdmaDevice]:
-    class_dir = os.path.join(sys_root, "class", "infiniband")
+def discover_rdma(root: Root, warn: Warnings) -> list[RdmaDevice]:
+    class_dir = root.sys_path("class", "infiniband")
     try:
         names = sorted(os.listdir(class_dir))
     except OSError:
@@ -102,7 +95,9 @@ def discover_rdma(sys_root: str, warn: Warnings) -> list[RdmaDevice]:
     out = []
     for name in names:
         base = os.path.join(class_dir, name)
-        dev = RdmaDevice(name=name, bus_id=nearest_pci(_device_path(class_dir, name)))
+        dev = RdmaDevice(
+            name=name, bus_id=nearest_pci(_device_path("class/infiniband", class_dir, name))
+        )
         dev.node_guid = read_text(os.path.join(base, "node_guid"))
         dev.sys_image_guid = read_text(os.path.join(base, "sys_image_guid"))
         dev.fw_ver = read_text(os.path.join(base, "fw_ver"))

@@ -7,14 +7,15 @@ import re
 
 from discovery.model import Cpu, NumaNode
 from discovery.readers import parse_cpulist, parse_cpumask, read_text
-from discovery.warnings import Warnings
+from discovery.root import Root
+from discovery.warning_log import Warnings
 
 _NODE_DIR = re.compile(r"^node(\d+)$")
 _MEMTOTAL = re.compile(r"MemTotal:\s*(\d+)\s*kB")
 
 
-def discover_numa(sys_root: str, online: list[int], warn: Warnings) -> list[NumaNode]:
-    base = os.path.join(sys_root, "devices", "system", "node")
+def discover_numa(root: Root, online: list[int], warn: Warnings) -> list[NumaNode]:
+    base = root.sys_path("devices", "system", "node")
     try:
         ids = sorted(int(m.group(1)) for n in os.listdir(base) if (m := _NODE_DIR.match(n)))
     except OSError:

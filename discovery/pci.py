@@ -14,7 +14,8 @@ import re
 
 from discovery.model import PciDevice, PciLink
 from discovery.readers import DirReader, parse_cpulist, parse_cpumask, parse_link_speed
-from discovery.warnings import Warnings
+from discovery.root import Root
+from discovery.warning_log import Warnings
 
 BDF_RE = re.compile(r"^[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 ROOT_RE = re.compile(r"^pci[0-9a-f]{4,8}:[0-9a-f]{2}$")
@@ -31,7 +32,9 @@ def _hex_id(text: str | None, digits: int, what: str, bdf: str, warn: Warnings) 
         return None
 
 
-def resolve_pci_path(pci_dir: str, entry: str) -> tuple[str | None, list[str], str] | None:
+def resolve_pci_path(
+    root: Root, pci_dir: str, entry: str
+) -> tuple[str | None, list[str], str] | None:
     """(pcie_root, upstream_bridges, function dir) from the ``bus/pci/devices`` symlink.
 
     None when the entry is not a symlink into ``devices/``. A host bridge registered
@@ -57,12 +60,11 @@ def resolve_pci_path(pci_dir: str, entry: str) -> tuple[str | None, list[str], s
     if host is None:
         return None
     bridges = [p for p in chain[host + 1 : -1] if BDF_RE.match(p)]
-    sys_root = os.path.dirname(os.path.dirname(os.path.dirname(pci_dir)))
-    return (chain[0] if host == 0 else None), bridges, os.path.join(sys_root, rel)
+    return (chain[0] if host == 0 else None), bridges, root.sys_path(rel)
 
 
-def discover_pci(sys_root: str, warn: Warnings) -> list[PciDevice]:
-    pci_dir = os.path.join(sys_root, "bus", "pci", "devices")
+def discover_pci(root: Root, warn: Warnings) -> list[PciDevice]:
+    pci_dir = root.sys_path("bus", "pci", "devices")
     try:
         entries = sorted(os.listdir(pci_dir))
     except OSError:
@@ -74,7 +76,7 @@ def discover_pci(sys_root: str, warn: Warnings) -> list[PciDevice]:
         if not BDF_RE.match(bdf):
             warn.add(f"pci: ignoring unexpected entry {entry[:60]!r} in bus/pci/devices")
             continue
-        dev, located = _read_function(pci_dir, entry, bdf, warn)
+        dev, located = _read_function(root, pci_dir, entry, bdf, warn)
         devices.append(dev)
         if not located:
             unlocated.append((entry, dev))
@@ -125,10 +127,12 @@ def _chains_from_config(
         dev.upstream_bridges = [bdf for _, bdf in sorted(above, reverse=True)]
 
 
-def _read_function(pci_dir: str, entry: str, bdf: str, warn: Warnings) -> tuple[PciDevice, bool]:
+def _read_function(
+    root: Root, pci_dir: str, entry: str, bdf: str, warn: Warnings
+) -> tuple[PciDevice, bool]:
     """The function's facts, and whether its place in the tree came from a symlink."""
     dev = PciDevice(bus_id=bdf)
-    located = resolve_pci_path(pci_dir, entry)
+    located = resolve_pci_path(root, pci_dir, entry)
     path = os.path.join(pci_dir, entry)
     if located is not None:
         dev.pcie_root, dev.upstream_bridges, path = located

@@ -9,11 +9,11 @@ an error with a warning -- a broken probe must never take the daemon down.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from discovery.model import Gpu, Inventory, Nic, NvSwitch
+from discovery.root import Root
 
 
 class ProbeUnavailable(Exception):
@@ -22,15 +22,18 @@ class ProbeUnavailable(Exception):
 
 @dataclass
 class ProbeContext:
-    root: str
-    """Filesystem root: sysfs lives at ``<root>/sys``. (A plain string: pathlib is a
-    noticeable share of the CLI's cold start.)"""
+    root: Root
+    """The filesystem root the backends read (``root.sys``, ``root.proc``; ``root.live``
+    says whether host libraries may be used)."""
     host: Inventory
     """What sysfs discovery already found (PCI tree, NUMA, CPUs, net, RDMA)."""
     nvml: Any | None = None
     """A pynvml-compatible module to use instead of importing ``pynvml`` (fake hardware)."""
-    live: bool = False
-    """True when ``root`` is the running host's ``/`` (libraries may be used)."""
+
+    @property
+    def live(self) -> bool:
+        """True when ``root`` is the running host (libraries may be used)."""
+        return self.root.live
 
 
 @dataclass
@@ -48,7 +51,3 @@ class Probe(Protocol):
     name: str
 
     def probe(self, ctx: ProbeContext) -> ProbeReport: ...
-
-
-def sysfs(ctx: ProbeContext) -> str:
-    return os.path.join(ctx.root, "sys")

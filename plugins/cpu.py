@@ -8,10 +8,9 @@ inventory has no CPUs at all.
 
 from __future__ import annotations
 
-import os
-
 from discovery.readers import read_int, read_text
-from plugins.base import ProbeContext, ProbeReport, ProbeUnavailable, sysfs
+from discovery.root import Root
+from plugins.base import ProbeContext, ProbeReport, ProbeUnavailable
 
 __all__ = ["ARM_IMPLEMENTERS", "CpuProbe", "parse_cpuinfo"]
 
@@ -114,14 +113,14 @@ def _facts(info: dict[str, str]) -> dict[str, str]:
     return out
 
 
-def _freq_max_mhz(root: str, cpus: list[int], live: bool) -> int | None:
+def _freq_max_mhz(root: Root, cpus: list[int]) -> int | None:
     best: int | None = None
-    base = os.path.join(root, "devices", "system", "cpu")
+    base = root.sys_path("devices", "system", "cpu")
     for cpu in cpus:
         khz = read_int(f"{base}/cpu{cpu}/cpufreq/cpuinfo_max_freq")
         if khz is not None and khz > 0:
             best = max(best or 0, khz // 1000)
-    if best is None and live:
+    if best is None and root.live:
         try:
             import psutil
 
@@ -141,7 +140,7 @@ class CpuProbe:
         if not host.cpus:
             raise ProbeUnavailable("no CPUs in the inventory")
         report = ProbeReport()
-        text = read_text(os.path.join(ctx.root, "proc", "cpuinfo"))
+        text = read_text(ctx.root.proc_path("cpuinfo"))
         facts = _facts(parse_cpuinfo(text)) if text else {}
         if text is None:
             report.warnings.append("cpu: /proc/cpuinfo is not readable")
@@ -163,7 +162,7 @@ class CpuProbe:
         cores = {(c.package, c.core) for c in host.cpus if c.core is not None}
         if cores:
             report.host["cores"] = str(len(cores))
-        mhz = _freq_max_mhz(sysfs(ctx), sorted(c.id for c in host.cpus), ctx.live)
+        mhz = _freq_max_mhz(ctx.root, sorted(c.id for c in host.cpus))
         if mhz is not None:
             report.host["cpu_freq_max_mhz"] = str(mhz)
 

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 
 from discovery.model import Gpu, PciDevice, XgmiLink
 from discovery.readers import read_text
-from plugins.base import ProbeContext, ProbeReport, ProbeUnavailable, sysfs
+from discovery.root import Root
+from plugins.base import ProbeContext, ProbeReport, ProbeUnavailable
 
 __all__ = [
     "GPU_MODELS",
@@ -200,9 +201,9 @@ def _numeric_dirs(path: str) -> list[tuple[int, str]]:
     return sorted((int(n), os.path.join(path, n)) for n in names if n.isdigit())
 
 
-def _read_kfd(root: str, gpu_bus_ids: set[str], warnings: list[str]) -> dict[str, _KfdNode]:
+def _read_kfd(root: Root, gpu_bus_ids: set[str], warnings: list[str]) -> dict[str, _KfdNode]:
     """GPU KFD nodes keyed by the PCI bus id they belong to (only known accelerators)."""
-    nodes_dir = os.path.join(root, "class", "kfd", "kfd", "topology", "nodes")
+    nodes_dir = root.sys_path("class", "kfd", "kfd", "topology", "nodes")
     by_bus: dict[str, _KfdNode] = {}
     for node_id, node_dir in _numeric_dirs(nodes_dir):
         props = _read_properties(os.path.join(node_dir, "properties"), warnings)
@@ -286,7 +287,7 @@ class PciAcceleratorProbe:
         if not gpus:
             raise ProbeUnavailable("no PCI accelerators")
 
-        kfd = _read_kfd(sysfs(ctx), set(gpus), report.warnings)
+        kfd = _read_kfd(ctx.root, set(gpus), report.warnings)
         node_bus = {node.node_id: bus for bus, node in kfd.items()}
         for bus_id, node in kfd.items():
             _apply_kfd(gpus[bus_id], node, node_bus)

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from discovery.discover import discover
 from discovery.host import discover_host
 from discovery.readers import normalize_bdf, parse_cpulist, parse_cpumask, parse_link_speed
+from toposlice.discover import discover
 
 CASE = "32em64t-2n8c+dax+nvme+mic+dimms"
 

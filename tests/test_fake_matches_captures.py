@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from discovery.discover import discover
 from discovery.readers import format_cpulist
 from normalize.graph import build_graph
 from normalize.relations import relation_matrix
+from toposlice.discover import discover
 
 DATA = Path(__file__).parent / "data" / "topo"
 

@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from discovery.model import Inventory, PciDevice
+from discovery.root import Root
 from plugins.base import ProbeContext, ProbeReport, ProbeUnavailable
 from plugins.nvidia import MAX_NVLINKS, NvidiaProbe
 from plugins.pci_accel import PciAcceleratorProbe
@@ -200,7 +201,7 @@ def host(with_nvidia: bool = True) -> Inventory:
 
 
 def run(nvml: Any, inv: Inventory | None = None) -> ProbeReport:
-    ctx = ProbeContext(root=Path("/nonexistent"), host=inv or host(), nvml=nvml)
+    ctx = ProbeContext(root=Root(Path("/nonexistent")), host=inv or host(), nvml=nvml)
     return NvidiaProbe().probe(ctx)
 
 
@@ -321,13 +322,13 @@ def test_zero_gpus_is_unavailable() -> None:
 
 def test_missing_pynvml_is_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "pynvml", None)
-    ctx = ProbeContext(root=Path("/"), host=host(), live=True)
+    ctx = ProbeContext(root=Root(Path("/"), live=True), host=host())
     with pytest.raises(ProbeUnavailable, match="pynvml"):
         NvidiaProbe().probe(ctx)
 
 
 def test_replayed_tree_without_nvml_is_unavailable(tmp_path: Path) -> None:
-    ctx = ProbeContext(root=tmp_path / "dump", host=host(), live=False)
+    ctx = ProbeContext(root=Root(tmp_path / "dump", live=False), host=host())
     with pytest.raises(ProbeUnavailable, match="live host"):
         NvidiaProbe().probe(ctx)
 
@@ -432,7 +433,9 @@ def test_fabric_version_mismatch_falls_back_to_legacy_call() -> None:
 
 
 def test_merge_with_pci_probe_prefers_nvml_facts() -> None:
-    ctx = ProbeContext(root=Path("/nonexistent"), host=host(), nvml=FakeNvml(two_gpus()).module())
+    ctx = ProbeContext(
+        root=Root(Path("/nonexistent")), host=host(), nvml=FakeNvml(two_gpus()).module()
+    )
     probes: list[tuple[str, Any]] = [("nvidia", NvidiaProbe()), ("pci", PciAcceleratorProbe())]
     statuses, reports = run_probes(ctx, probes)
     assert [s.state for s in statuses] == ["ok", "ok"]

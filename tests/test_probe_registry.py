@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from discovery.discover import discover
 from plugins import registry
+from toposlice.discover import discover
 
 PROBE_SRC = """
 from discovery.model import Gpu

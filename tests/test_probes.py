@@ -20,6 +20,7 @@ from discovery.model import (
     RdmaDevice,
     RdmaPort,
 )
+from discovery.root import Root
 from plugins.base import ProbeContext, ProbeReport, ProbeUnavailable
 from plugins.cpu import CpuProbe, parse_cpuinfo
 from plugins.pci_accel import PciAcceleratorProbe, gfx_name, is_accelerator
@@ -105,7 +106,7 @@ def amd_kfd(root: Path) -> None:
 
 
 def run_pci(root: Path, inv: Inventory) -> ProbeReport:
-    return PciAcceleratorProbe().probe(ProbeContext(root=root, host=inv))
+    return PciAcceleratorProbe().probe(ProbeContext(root=Root(root), host=inv))
 
 
 def test_pci_amd_with_kfd(tmp_path: Path) -> None:
@@ -290,7 +291,7 @@ def nic_host() -> Inventory:
 
 
 def test_rdma_nics() -> None:
-    report = RdmaProbe().probe(ProbeContext(root=Path("/x"), host=nic_host()))
+    report = RdmaProbe().probe(ProbeContext(root=Root(Path("/x")), host=nic_host()))
     nics = {n.bus_id: n for n in report.nics}
     assert list(nics) == [
         "0000:00:03.0",
@@ -336,7 +337,7 @@ def test_rdma_nics() -> None:
 def test_rdma_unavailable_without_network_functions() -> None:
     inv = Inventory(pci_devices=[pci("0000:9a:00.0", "0x0302", "0x10de", "0x2330")])
     with pytest.raises(ProbeUnavailable):
-        RdmaProbe().probe(ProbeContext(root=Path("/x"), host=inv))
+        RdmaProbe().probe(ProbeContext(root=Root(Path("/x")), host=inv))
 
 
 def test_rdma_unknown_vendor_and_missing_ids() -> None:
@@ -346,7 +347,7 @@ def test_rdma_unknown_vendor_and_missing_ids() -> None:
             PciDevice(bus_id="0000:02:00.0", class_code="0x0200"),
         ]
     )
-    report = RdmaProbe().probe(ProbeContext(root=Path("/x"), host=inv))
+    report = RdmaProbe().probe(ProbeContext(root=Root(Path("/x")), host=inv))
     assert [(n.vendor, n.model) for n in report.nics] == [("0xfeed", None), (None, None)]
 
 
@@ -386,7 +387,7 @@ def test_cpu_x86(tmp_path: Path) -> None:
     write(tmp_path / "proc/cpuinfo", X86_CPUINFO)
     write(tmp_path / "sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq", "3800000\n")
     write(tmp_path / "sys/devices/system/cpu/cpu5/cpufreq/cpuinfo_max_freq", "3900000\n")
-    report = CpuProbe().probe(ProbeContext(root=tmp_path, host=cpu_host()))
+    report = CpuProbe().probe(ProbeContext(root=Root(tmp_path), host=cpu_host()))
     assert report.host == {
         "cpu_vendor": "intel",
         "cpu_model": "Intel(R) Xeon(R) Platinum 8480+",
@@ -403,7 +404,7 @@ def test_cpu_x86(tmp_path: Path) -> None:
 
 def test_cpu_arm(tmp_path: Path) -> None:
     write(tmp_path / "proc/cpuinfo", ARM_CPUINFO)
-    report = CpuProbe().probe(ProbeContext(root=tmp_path, host=cpu_host()))
+    report = CpuProbe().probe(ProbeContext(root=Root(tmp_path), host=cpu_host()))
     assert report.host["cpu_vendor"] == "arm"
     assert report.host["cpu_model"] == "Neoverse-V2"
     assert report.host["arch"] == "aarch64"
@@ -429,17 +430,17 @@ def test_cpu_other_platforms(
     tmp_path: Path, text: str, expected: tuple[str | None, str | None, str]
 ) -> None:
     write(tmp_path / "proc/cpuinfo", text)
-    report = CpuProbe().probe(ProbeContext(root=tmp_path, host=cpu_host()))
+    report = CpuProbe().probe(ProbeContext(root=Root(tmp_path), host=cpu_host()))
     got = (report.host.get("cpu_vendor"), report.host.get("cpu_model"), report.host.get("arch"))
     assert got == expected
 
 
 def test_cpu_missing_cpuinfo_and_no_cpus(tmp_path: Path) -> None:
-    report = CpuProbe().probe(ProbeContext(root=tmp_path, host=cpu_host(2)))
+    report = CpuProbe().probe(ProbeContext(root=Root(tmp_path), host=cpu_host(2)))
     assert report.host["cpus_online"] == "2" and "cpu_model" not in report.host
     assert report.warnings == ["cpu: /proc/cpuinfo is not readable"]
     with pytest.raises(ProbeUnavailable, match="no CPUs"):
-        CpuProbe().probe(ProbeContext(root=tmp_path, host=Inventory()))
+        CpuProbe().probe(ProbeContext(root=Root(tmp_path), host=Inventory()))
 
 
 def test_cpu_live_uses_platform_and_guards_psutil(
@@ -456,13 +457,13 @@ def test_cpu_live_uses_platform_and_guards_psutil(
         raise OSError("no cpufreq")
 
     monkeypatch.setattr(psutil, "cpu_freq", boom)
-    report = CpuProbe().probe(ProbeContext(root=tmp_path, host=cpu_host(), live=True))
+    report = CpuProbe().probe(ProbeContext(root=Root(tmp_path, live=True), host=cpu_host()))
     assert report.host["arch"] == "x86_64-live"
     assert "cpu_freq_max_mhz" not in report.host
 
     freq = SimpleNamespace(current=2000.0, min=0.0, max=3456.7)
     monkeypatch.setattr(psutil, "cpu_freq", lambda: freq)
-    report = CpuProbe().probe(ProbeContext(root=tmp_path, host=cpu_host(), live=True))
+    report = CpuProbe().probe(ProbeContext(root=Root(tmp_path, live=True), host=cpu_host()))
     assert report.host["cpu_freq_max_mhz"] == "3457"
 
 
@@ -477,12 +478,12 @@ def test_cpu_random_cpuinfo_never_raises(text: str) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         write(root / "proc/cpuinfo", text)
-        report = CpuProbe().probe(ProbeContext(root=root, host=cpu_host()))
+        report = CpuProbe().probe(ProbeContext(root=Root(root), host=cpu_host()))
         assert all(isinstance(v, str) for v in report.host.values())
         assert report.host["cpus_online"] == "8"
 
 
 def test_cpu_itanium(tmp_path: Path) -> None:
     write(tmp_path / "proc/cpuinfo", "processor : 0\nvendor : GenuineIntel\narch : IA-64\n")
-    report = CpuProbe().probe(ProbeContext(root=tmp_path, host=cpu_host()))
+    report = CpuProbe().probe(ProbeContext(root=Root(tmp_path), host=cpu_host()))
     assert (report.host["cpu_vendor"], report.host["arch"]) == ("intel", "ia64")

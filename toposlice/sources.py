@@ -8,6 +8,7 @@ new command module only calls :func:`add_source_args` and :func:`load_inventory`
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -20,10 +21,12 @@ if TYPE_CHECKING:
 def add_source_args(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group()
     src.add_argument(
+        "--root",
         "--sysfs-root",
-        default="/",
+        dest="root",
+        default=None,
         metavar="DIR",
-        help="filesystem root to read (sysfs at DIR/sys); default: this host",
+        help="filesystem root to read (sysfs at DIR/sys); default: $HOST_ROOT, else this host",
     )
     src.add_argument(
         "--fake",
@@ -84,14 +87,20 @@ def inventory_loader(args: argparse.Namespace) -> Callable[[], Inventory]:
         return from_file
 
     probes = [p.strip() for p in args.probes.split(",") if p.strip()] if args.probes else None
-    root, fake = args.sysfs_root, args.fake
+    root, fake = host_root(args.root), args.fake
 
     def from_host() -> Inventory:
-        from discovery.discover import discover
+        from toposlice.discover import discover
 
         return discover(root, fake=fake, probes=probes)
 
     return from_host
+
+
+def host_root(flag: str | None) -> str:
+    """The filesystem root to read: ``--root``, else ``$HOST_ROOT`` (a daemon whose
+    container mounts the host at ``/host``), else ``/``."""
+    return flag or os.environ.get("HOST_ROOT") or "/"
 
 
 def normalize_options(args: argparse.Namespace) -> NormalizeOptions:
