@@ -1,0 +1,572 @@
+"""charts/toposlice rendered by real Helm (its Go SDK through ``helm-python-sdk``), checked
+against the Kubernetes schemas and against what ``toposlice run`` actually uses.
+
+- default, fake and all-options values render, lint clean (strict) and every object
+  validates against the newest schemas ``kubernetes-validate`` ships (strict);
+- a schema violation in values is refused with a message naming the key;
+- the DeviceClasses are exactly normalize/deviceclasses.py's;
+- the DaemonSet's command line parses with the real ``toposlice run`` parser, and each
+  directory flag points at a mounted host path (writable where the driver writes);
+- the ClusterRole grants exactly the Kubernetes API calls found in the driver's code;
+- the ValidatingAdmissionPolicy's CEL, evaluated by a CEL library, admits the node
+  plugin's writes of its own node's slices (the ones ``toposlice slices`` prints) and
+  refuses another node's.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+helm = pytest.importorskip("helm_python", reason="helm-python-sdk (test extra) not installed")
+cel = pytest.importorskip("cel", reason="common-expression-language (test extra) not installed")
+
+import kubernetes_validate  # noqa: E402
+from kubernetes_validate.utils import latest_version  # noqa: E402
+
+from normalize.deviceclasses import DEVICE_KINDS, device_classes  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+CHART = REPO / "charts" / "toposlice"
+RELEASE, NAMESPACE = "toposlice", "toposlice"
+SA_USER = f"system:serviceaccount:{NAMESPACE}:toposlice"
+# Kinds of CRDs the chart may render; kubernetes-validate ships only built-in schemas.
+CRD_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor")}
+
+ALL_OPTIONS: dict[str, Any] = {
+    "serviceMonitor": {"enabled": True, "labels": {"release": "prometheus"}},
+    "scorer": {"enabled": True, "scheduler": {"enabled": True}},
+    "image": {"digest": "sha256:" + "ab" * 32},
+    "privileged": True,
+    "runtimeClassName": "nvidia",
+    "hostNetwork": True,
+    "http": {"bindAddress": "::"},
+}
+
+
+def fake_values() -> dict[str, Any]:
+    data: dict[str, Any] = yaml.safe_load((CHART / "values-fake.yaml").read_text())
+    return data
+
+
+VARIANTS: dict[str, dict[str, Any] | None] = {
+    "default": None,
+    "fake": fake_values(),
+    "all-options": ALL_OPTIONS,
+    "observe": {"observe": True},
+    "beside-vendor-gpu-driver": {"publish": ["nic", "cpu"]},
+}
+
+
+@cache
+def _chart() -> Any:
+    return helm.Chart.load(str(CHART))
+
+
+def render(values: dict[str, Any] | None) -> list[dict[str, Any]]:
+    out = _chart().render(copy.deepcopy(values), name=RELEASE, namespace=NAMESPACE, is_install=True)
+    objs: list[dict[str, Any]] = []
+    for path, text in sorted(out.items()):
+        if path.endswith(".txt"):
+            continue
+        objs.extend(d for d in yaml.safe_load_all(text) if d)
+    return objs
+
+
+def one(objs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
+    found = [o for o in objs if o["kind"] == kind and name in (None, o["metadata"]["name"])]
+    assert len(found) == 1, f"want one {kind} {name or ''}, rendered {len(found)}"
+    return found[0]
+
+
+def node_plugin(objs: list[dict[str, Any]]) -> dict[str, Any]:
+    spec: dict[str, Any] = one(objs, "DaemonSet")["spec"]["template"]["spec"]
+    return spec
+
+
+# -- render, lint, schemas ----------------------------------------------------------------
+
+
+def test_chart_metadata_matches_the_package() -> None:
+    meta = _chart().metadata
+    assert meta["apiVersion"] == "v2"
+    project = (REPO / "pyproject.toml").read_text()
+    version = re.search(r'^version = "([^"]+)"', project, re.M)
+    assert version is not None
+    assert meta["appVersion"] == version.group(1)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_lint_is_clean(variant: str) -> None:
+    report = helm.lint(str(CHART), copy.deepcopy(VARIANTS[variant]), strict=True)
+    assert report["errors"] == []
+    serious = [m for m in report["messages"] if m["severity"] >= 2]
+    assert serious == [], serious
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_every_object_validates(variant: str) -> None:
+    version = latest_version()
+    objs = render(VARIANTS[variant])
+    assert objs
+    for obj in objs:
+        if (obj["apiVersion"], obj["kind"]) in CRD_KINDS:
+            assert obj["metadata"]["name"] and obj["spec"]
+            continue
+        kubernetes_validate.validate(obj, version, strict=True)
+
+
+def test_all_options_render_the_optional_objects() -> None:
+    kinds = {(o["kind"], o["metadata"]["name"]) for o in render(ALL_OPTIONS)}
+    assert ("ServiceMonitor", "toposlice") in kinds
+    assert ("Deployment", "toposlice-scorer") in kinds
+    assert ("Deployment", "toposlice-scheduler") in kinds
+    assert ("ConfigMap", "toposlice-scheduler-config") in kinds
+    default = {(o["kind"], o["metadata"]["name"]) for o in render(None)}
+    assert not any(k in ("ServiceMonitor", "Deployment", "ConfigMap") for k, _ in default)
+
+
+@pytest.mark.parametrize(
+    ("values", "where", "what"),
+    [
+        ({"publish": ["gpu", "tpu"]}, "/publish/1", "must be one of"),
+        ({"logging": {"level": "loud"}}, "/logging/level", "must be one of"),
+        ({"driverName": "Bad_Driver"}, "/driverName", "does not match pattern"),
+        ({"http": {"port": 70000}}, "/http/port", "maximum"),
+        ({"sevice": {"enabled": True}}, "additional properties 'sevice'", "not allowed"),
+        ({"host": {"kubeletDir": "relative/dir"}}, "/host/kubeletDir", "pattern"),
+    ],
+)
+def test_schema_violation_is_refused_with_the_key(
+    values: dict[str, Any], where: str, what: str
+) -> None:
+    with pytest.raises(helm.HelmValuesError) as err:
+        render(values)
+    message = str(err.value)
+    assert where in message and what in message, message
+
+
+# -- DeviceClasses ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("driver", ["toposlice.dev", "topo.example.com"])
+def test_device_classes_are_the_normalize_ones(driver: str) -> None:
+    rendered = [o for o in render({"driverName": driver}) if o["kind"] == "DeviceClass"]
+    want = device_classes(driver)
+    assert len(rendered) == len(want) == len(DEVICE_KINDS)
+    for got, exp in zip(rendered, want, strict=True):
+        assert got["apiVersion"] == exp["apiVersion"] and got["kind"] == exp["kind"]
+        assert got["metadata"]["name"] == exp["metadata"]["name"]
+        assert got["spec"] == exp["spec"]
+
+
+def test_device_classes_follow_publish_and_observe() -> None:
+    beside = render({"publish": ["nic", "cpu"]})
+    names = [o["metadata"]["name"] for o in beside if o["kind"] == "DeviceClass"]
+    assert names == ["nic.toposlice.dev", "cpu.toposlice.dev"]
+    assert not [o for o in render({"observe": True}) if o["kind"] == "DeviceClass"]
+
+
+# -- the DaemonSet against `toposlice run` ------------------------------------------------
+
+
+def expand(arg: str, env: dict[str, str]) -> str:
+    """Kubernetes' ``$(VAR)`` expansion of container args."""
+    return re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: env.get(m[1], m[0]), arg)
+
+
+def container_env(c: dict[str, Any], node: str) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for e in c.get("env", []):
+        if "value" in e:
+            env[e["name"]] = e["value"]
+        else:
+            assert e["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}, e
+            env[e["name"]] = node
+    return env
+
+
+def flag_values(args: list[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for a in args:
+        if a.startswith("--"):
+            k, _, v = a.partition("=")
+            out[k] = v
+    return out
+
+
+def mounts(spec: dict[str, Any]) -> dict[str, tuple[str | None, bool]]:
+    """Container mount path -> (host path or None, read-only)."""
+    (c,) = spec["containers"]
+    vols = {v["name"]: v for v in spec["volumes"]}
+    out: dict[str, tuple[str | None, bool]] = {}
+    for m in c["volumeMounts"]:
+        host = vols[m["name"]].get("hostPath", {}).get("path")
+        out[m["mountPath"]] = (host, bool(m.get("readOnly")))
+    return out
+
+
+def command_parser(command: str) -> Any:
+    """The real argparse parser of ``toposlice <command>``; skip while it does not exist."""
+    import importlib.util
+
+    from toposlice import cli
+
+    if command not in cli.MODULE_COMMANDS:
+        pytest.skip(f"`toposlice {command}` is not registered in toposlice/cli.py yet")
+    module = cli.MODULE_COMMANDS[command][0]
+    if importlib.util.find_spec(module) is None:
+        pytest.skip(f"`toposlice {command}` is registered but {module} does not exist yet")
+    return cli.build_parser(command)
+
+
+@pytest.mark.parametrize("variant", ["default", "fake", "all-options", "beside-vendor-gpu-driver"])
+def test_daemonset_command_line_parses_with_toposlice_run(variant: str) -> None:
+    spec = node_plugin(render(VARIANTS[variant]))
+    (c,) = spec["containers"]
+    env = container_env(c, "node-a")
+    args = [expand(a, env) for a in c["args"]]
+    assert c["command"] == ["toposlice"] and args[0] == "run"
+    parser = command_parser("run")
+    ns = parser.parse_args(args)
+    assert ns.command == "run"
+    assert ns.node_name == "node-a"
+    assert ns.driver_name == "toposlice.dev"
+    assert ns.log_format == "json"
+
+
+@pytest.mark.parametrize("variant", ["default", "fake", "all-options"])
+def test_daemonset_directories_are_mounted(variant: str) -> None:
+    values = VARIANTS[variant]
+    spec = node_plugin(render(values))
+    (c,) = spec["containers"]
+    flags = flag_values(c["args"])
+    mounted = mounts(spec)
+    # Sockets, CDI specs and the checkpoint are written: host paths, same path inside
+    # (kubelet and the runtime resolve them on the host), writable.
+    plugin_dir = flags["--kubelet-plugins-directory-path"]
+    assert plugin_dir == "/var/lib/kubelet/plugins/toposlice.dev"
+    for flag in (
+        "--kubelet-registrar-directory-path",
+        "--kubelet-plugins-directory-path",
+        "--cdi-root",
+        "--state-dir",
+    ):
+        path = flags[flag]
+        assert mounted.get(path) == (path, False), f"{flag}={path} is not a writable host mount"
+    assert flags["--kubelet-registrar-directory-path"] == "/var/lib/kubelet/plugins_registry"
+    # Everything else from the host is read-only.
+    writable = {m for m, (host, ro) in mounted.items() if host and not ro}
+    assert writable == {
+        flags[f]
+        for f in (
+            "--kubelet-registrar-directory-path",
+            "--kubelet-plugins-directory-path",
+            "--cdi-root",
+            "--state-dir",
+        )
+    }
+    env = container_env(c, "node-a")
+    if values and values.get("fake"):
+        assert flags["--fake"] == values["fake"]
+        assert "HOST_ROOT" not in env
+        assert not [m for m, (host, _) in mounted.items() if host in ("/sys", "/proc")]
+    else:
+        root = env["HOST_ROOT"]
+        assert mounted[f"{root}/sys"] == ("/sys", True)
+        # The checkpoint's boot id: <root>/proc/sys/kernel/random/boot_id.
+        assert mounted[f"{root}/proc"] == ("/proc", True)
+        assert mounted[f"{root}/etc/hostname"] == ("/etc/hostname", True)
+
+
+@pytest.mark.parametrize("variant", ["default", "all-options"])
+def test_daemonset_ports_probes_and_scheduling(variant: str) -> None:
+    objs = render(VARIANTS[variant])
+    ds = one(objs, "DaemonSet")
+    spec = ds["spec"]["template"]["spec"]
+    (c,) = spec["containers"]
+    flags = flag_values(c["args"])
+    port = int(flags["--http-addr"].rsplit(":", 1)[1])
+    assert c["ports"] == [{"name": "http", "containerPort": port, "protocol": "TCP"}]
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    assert c["resources"]["requests"] and c["resources"]["limits"]
+    assert spec["priorityClassName"] == "system-node-critical"
+    assert ds["spec"]["updateStrategy"]["type"] == "RollingUpdate"
+    svc = one(objs, "Service", "toposlice")
+    assert svc["spec"]["ports"][0]["targetPort"] == "http"
+    assert svc["spec"]["selector"].items() <= ds["spec"]["template"]["metadata"]["labels"].items()
+    if variant == "all-options":
+        assert flags["--http-addr"] == f"[::]:{port}"
+        sm = one(objs, "ServiceMonitor")
+        assert sm["spec"]["endpoints"][0]["path"] == "/metrics"
+        assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+
+
+def test_observe_mode_writes_nothing() -> None:
+    objs = render({"observe": True})
+    (c,) = node_plugin(objs)["containers"]
+    assert "--observe" in c["args"]
+    assert not [a for a in c["args"] if a.startswith("--publish")]
+    role = one(objs, "ClusterRole")
+    verbs = {v for r in role["rules"] for v in r["verbs"]}
+    assert verbs <= {"get", "list", "watch"}
+
+
+def test_scorer_is_wired_as_scheduler_extender() -> None:
+    objs = render(ALL_OPTIONS)
+    dep = one(objs, "Deployment", "toposlice-scorer")
+    (c,) = dep["spec"]["template"]["spec"]["containers"]
+    assert c["command"] == ["toposlice"] and c["args"][:2] == ["scorer", "serve"]
+    assert dep["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
+    svc = one(objs, "Service", "toposlice-scorer")
+    port = svc["spec"]["ports"][0]["port"]
+    config = yaml.safe_load(one(objs, "ConfigMap")["data"]["config.yaml"])
+    assert config["kind"] == "KubeSchedulerConfiguration"
+    (ext,) = config["extenders"]
+    assert ext["urlPrefix"] == f"http://toposlice-scorer.{NAMESPACE}.svc:{port}"
+    assert ext["filterVerb"] == "filter" and ext["prioritizeVerb"] == "prioritize"
+    sched = one(objs, "Deployment", "toposlice-scheduler")
+    tmpl = sched["spec"]["template"]["spec"]
+    assert tmpl["volumes"][0]["configMap"]["name"] == "toposlice-scheduler-config"
+
+
+def test_scorer_command_line_parses_with_toposlice_scorer() -> None:
+    dep = one(render(ALL_OPTIONS), "Deployment", "toposlice-scorer")
+    (c,) = dep["spec"]["template"]["spec"]["containers"]
+    ns = command_parser("scorer").parse_args(c["args"])
+    assert ns.command == "scorer"
+
+
+# -- RBAC against the API calls in the driver's code --------------------------------------
+
+_CLIENT_METHOD = re.compile(
+    r"^(list|read|create|replace|patch|delete)_(?:namespaced_)?([a-z_]+?)(?:_status)?$"
+)
+_VERB = {"read": "get", "replace": "update"}
+_HTTP_VERB = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
+_PLURAL = {"resource_slice": "resourceslices", "resource_claim": "resourceclaims", "node": "nodes"}
+_GROUP = {"resourceslices": "resource.k8s.io", "resourceclaims": "resource.k8s.io", "nodes": ""}
+
+
+def driver_sources() -> Iterator[Path]:
+    for path in sorted((REPO / "driver").rglob("*.py")):
+        if "gen" not in path.relative_to(REPO / "driver").parts:
+            yield path
+    yield from sorted((REPO / "toposlice").glob("cmd_run*.py"))
+
+
+def api_calls() -> set[tuple[str, str, str]]:
+    """(group, resource, verb) of every Kubernetes API call in the driver's code: typed
+    client methods (``list_resource_slice``), watches over them, and raw
+    ``request_json(client, "GET", "/api/v1/nodes/...")`` calls."""
+    found: set[tuple[str, str, str]] = set()
+    for path in driver_sources():
+        tree = ast.parse(path.read_text(), str(path))
+        assigned = {
+            t.id: ast.unparse(n.value)
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Assign)
+            for t in n.targets
+            if isinstance(t, ast.Name)
+        }
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call):
+                continue
+            names = [a.attr for a in [node.func, *node.args] if isinstance(a, ast.Attribute)]
+            is_stream = isinstance(node.func, ast.Attribute) and node.func.attr == "stream"
+            for attr in names:
+                m = _CLIENT_METHOD.match(attr)
+                if m is None or m[2] not in _PLURAL:
+                    continue
+                resource = _PLURAL[m[2]]
+                watching = is_stream or any(
+                    k.arg == "watch" and isinstance(k.value, ast.Constant) and k.value.value
+                    for k in node.keywords
+                )
+                verb = "watch" if watching and m[1] == "list" else _VERB.get(m[1], m[1])
+                found.add((_GROUP[resource], resource, verb))
+            if isinstance(node.func, ast.Name) and node.func.id == "request_json":
+                method, url = node.args[1], node.args[2]
+                assert isinstance(method, ast.Constant), f"{path}: request_json method not literal"
+                text = _resolve(ast.unparse(url), assigned)
+                m2 = re.search(
+                    r"/(?:api/v1|apis/([a-z0-9.]+)/v1)/(?:namespaces/\{[^}]*\}/)?([a-z]+)(/)?", text
+                )
+                assert m2 is not None, f"{path}: unrecognised API path {text}"
+                resource = m2[2]
+                named = m2[3] is not None
+                if method.value == "GET":
+                    verb = "get" if named else ("watch" if "watch" in text else "list")
+                else:
+                    verb = _HTTP_VERB[method.value]
+                found.add((m2[1] or "", resource, verb))
+    return found
+
+
+def _resolve(text: str, assigned: dict[str, str]) -> str:
+    """Follow names (``path`` -> ``CLAIM_PATH.format(...)`` -> its literal) to the URL."""
+    for _ in range(4):
+        if "/" in text:
+            break
+        for name in re.findall(r"[A-Za-z_][A-Za-z0-9_]*", text):
+            if name in assigned:
+                text = text.replace(name, assigned[name], 1)
+                break
+    return text
+
+
+def granted(objs: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
+    role = one(objs, "ClusterRole", "toposlice-node-plugin")
+    return {
+        (g, r, v)
+        for rule in role["rules"]
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+        for v in rule["verbs"]
+    }
+
+
+def test_rbac_covers_every_call_of_the_driver() -> None:
+    calls = api_calls()
+    if not calls:
+        pytest.skip("the driver's code makes no Kubernetes API call yet")
+    have = granted(render(None))
+    assert calls <= have, f"calls the ClusterRole does not allow: {sorted(calls - have)}"
+
+
+def test_rbac_grants_nothing_the_driver_does_not_call() -> None:
+    calls = api_calls()
+    if not calls:
+        pytest.skip("the driver's code makes no Kubernetes API call yet")
+    have = granted(render(None))
+    assert have <= calls, f"granted but never called: {sorted(have - calls)}"
+    role = one(render(None), "ClusterRole", "toposlice-node-plugin")
+    assert not [r for r in role["rules"] if "*" in r["verbs"] or "*" in r["resources"]]
+
+
+def test_rbac_binds_the_daemonset_service_account() -> None:
+    objs = render(None)
+    binding = one(objs, "ClusterRoleBinding", "toposlice-node-plugin")
+    sa = one(objs, "ServiceAccount")
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": NAMESPACE}
+    ]
+    assert node_plugin(objs)["serviceAccountName"] == sa["metadata"]["name"]
+    assert SA_USER == f"system:serviceaccount:{NAMESPACE}:{sa['metadata']['name']}"
+
+
+# -- the ValidatingAdmissionPolicy's CEL --------------------------------------------------
+
+
+@cache
+def printed_slices(node: str) -> tuple[dict[str, Any], ...]:
+    args = ["-q", "slices", "--fake", "dgx-h100", "--node-name", node, "-o", "yaml"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "toposlice", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=REPO,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return tuple(d for d in yaml.safe_load_all(proc.stdout) if d)
+
+
+def admit(
+    policy: dict[str, Any],
+    operation: str,
+    obj: dict[str, Any] | None,
+    old: dict[str, Any] | None,
+    user: str,
+    extra: dict[str, list[str]],
+) -> tuple[bool, str]:
+    """(allowed, message) as the API server evaluates a ValidatingAdmissionPolicy."""
+    spec = policy["spec"]
+    request = {"operation": operation, "userInfo": {"username": user, "extra": extra}}
+    ctx: dict[str, Any] = {"request": request, "object": obj, "oldObject": old}
+    for cond in spec.get("matchConditions", []):
+        if cel.evaluate(cond["expression"], ctx) is not True:
+            return True, "not matched"
+    variables: dict[str, Any] = {}
+    for var in spec.get("variables", []):
+        variables[var["name"]] = cel.evaluate(var["expression"], {**ctx, "variables": variables})
+    ctx["variables"] = variables
+    for rule in spec["validations"]:
+        if cel.evaluate(rule["expression"], ctx) is not True:
+            if "messageExpression" in rule:
+                return False, str(cel.evaluate(rule["messageExpression"], ctx))
+            return False, " ".join(rule["message"].split())
+    return True, ""
+
+
+def _policy() -> dict[str, Any]:
+    objs = render(None)
+    policy = one(objs, "ValidatingAdmissionPolicy")
+    binding = one(objs, "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    rules = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert rules[0]["resources"] == ["resourceslices"]
+    assert set(rules[0]["operations"]) == {"CREATE", "UPDATE", "DELETE"}
+    return policy
+
+
+NODE_CLAIM = "authentication.kubernetes.io/node-name"
+
+
+def test_admission_admits_own_node_slices() -> None:
+    policy = _policy()
+    on_a = {NODE_CLAIM: ["node-a"]}
+    for s in printed_slices("node-a"):
+        assert admit(policy, "CREATE", s, None, SA_USER, on_a) == (True, "")
+        assert admit(policy, "UPDATE", s, s, SA_USER, on_a) == (True, "")
+        assert admit(policy, "DELETE", None, s, SA_USER, on_a) == (True, "")
+
+
+def test_admission_refuses_another_nodes_slices() -> None:
+    policy = _policy()
+    on_a = {NODE_CLAIM: ["node-a"]}
+    for s in printed_slices("node-b"):
+        for op, obj, old in (("CREATE", s, None), ("UPDATE", s, s), ("DELETE", None, s)):
+            ok, msg = admit(policy, op, obj, old, SA_USER, on_a)
+            assert not ok, op
+            assert "node-a" in msg and "node-b" in msg, msg
+    # Moving an own slice to another node is refused too (the new object decides).
+    (mine,) = printed_slices("node-a")[:1]
+    moved = copy.deepcopy(mine)
+    moved["spec"]["nodeName"] = "node-b"
+    assert admit(policy, "UPDATE", moved, mine, SA_USER, on_a)[0] is False
+    # A slice without nodeName (a cluster-wide pool) is not the node plugin's to write.
+    pool_wide = copy.deepcopy(mine)
+    del pool_wide["spec"]["nodeName"]
+    pool_wide["spec"]["allNodes"] = True
+    ok, msg = admit(policy, "CREATE", pool_wide, None, SA_USER, on_a)
+    assert not ok and "without a node" in msg
+
+
+def test_admission_refuses_a_token_without_a_node() -> None:
+    policy = _policy()
+    (s,) = printed_slices("node-a")[:1]
+    ok, msg = admit(policy, "CREATE", s, None, SA_USER, {})
+    assert not ok and "no node name" in msg
+
+
+def test_admission_leaves_other_users_to_rbac() -> None:
+    policy = _policy()
+    (s,) = printed_slices("node-b")[:1]
+    other = "system:serviceaccount:kube-system:some-other-driver"
+    assert admit(policy, "CREATE", s, None, other, {NODE_CLAIM: ["node-a"]}) == (
+        True,
+        "not matched",
+    )
