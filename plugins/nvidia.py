@@ -24,9 +24,9 @@ from discovery.nvml_codes import (
     NVLINK_VERSIONS,
     NVML_ERROR_CODES,
 )
+from discovery.pci_ids import class_code, parse_id
 from discovery.readers import normalize_bdf
 from plugins.base import ProbeContext, ProbeReport, ProbeUnavailable
-from plugins.pci_accel import class_code, parse_id
 
 __all__ = ["NVLINK_BANDWIDTH_GBPS", "NVLINK_VERSIONS", "NvidiaProbe"]
 

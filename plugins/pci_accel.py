@@ -12,33 +12,12 @@ import os
 from dataclasses import dataclass, field
 
 from discovery.model import Gpu, PciDevice, XgmiLink
+from discovery.pci_ids import class_code, parse_id, vendor_word
 from discovery.readers import read_text
 from discovery.root import Root
 from plugins.base import ProbeContext, ProbeReport, ProbeUnavailable
 
-__all__ = [
-    "GPU_MODELS",
-    "VENDOR_WORDS",
-    "PciAcceleratorProbe",
-    "is_accelerator",
-    "parse_id",
-    "vendor_word",
-]
-
-VENDOR_WORDS: dict[int, str] = {
-    0x10DE: "nvidia",
-    0x1002: "amd",
-    0x1022: "amd",
-    0x8086: "intel",
-    0x1DA3: "habana",
-    0x1E52: "tenstorrent",
-    0x1D0F: "amazon",
-    0x1AE0: "google",
-    0x19E5: "huawei",
-    0x15B3: "mellanox",
-    0x14E4: "broadcom",
-    0x1AF4: "virtio",
-}
+__all__ = ["GPU_MODELS", "PciAcceleratorProbe", "is_accelerator"]
 
 # Display controllers that are BMC consoles or emulated VGA, never accelerators.
 _CONSOLE_VENDORS: frozenset[int] = frozenset(
@@ -101,30 +80,6 @@ GPU_MODELS: dict[tuple[int, int], str] = {
 }
 
 _KFD_XGMI_LINK = 11
-
-
-def parse_id(text: str | None) -> int | None:
-    """``0x10de`` / ``10DE`` / ``0x030200`` -> int; None when absent or malformed."""
-    if not text:
-        return None
-    try:
-        return int(text.strip(), 16)
-    except ValueError:
-        return None
-
-
-def class_code(dev: PciDevice) -> int | None:
-    """16-bit base class + subclass (``0x0302``), tolerating a 24-bit value with prog-if."""
-    value = parse_id(dev.class_code)
-    if value is None:
-        return None
-    return value >> 8 if value > 0xFFFF else value
-
-
-def vendor_word(vendor: int | None) -> str:
-    if vendor is None:
-        return "unknown"
-    return VENDOR_WORDS.get(vendor, f"0x{vendor:04x}")
 
 
 def is_accelerator(dev: PciDevice) -> bool:

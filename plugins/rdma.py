@@ -7,8 +7,8 @@ Built entirely from what sysfs discovery found (``pci_devices``, ``net_interface
 from __future__ import annotations
 
 from discovery.model import Inventory, Nic, PciDevice, RdmaDevice, RdmaPort
+from discovery.pci_ids import class_code, parse_id, vendor_word
 from plugins.base import ProbeContext, ProbeReport, ProbeUnavailable
-from plugins.pci_accel import class_code, parse_id, vendor_word
 
 __all__ = ["NIC_MODELS", "RdmaProbe"]
 
