@@ -196,7 +196,7 @@ def _packed_gbps(topo: NodeTopology, free: list[GpuView], size: int) -> float:
             )
         else:
             sets = greedy_sets(topo, free, size, 8)
-            block = tuple(max(sets, key=lambda c: set_busbw(topo, c)))
+            block = tuple(sets[max(range(len(sets)), key=lambda i: set_busbw(topo, sets[i]))])
         bw = set_busbw(topo, block)
         if bw <= 0:
             break

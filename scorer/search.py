@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -266,7 +267,7 @@ def multi_node_placement(
         if not found:
             continue
         p = found[0]
-        bw = _pod_network_gbps(t, p)
+        bw = pod_network_gbps(t, p)
         by_size.setdefault(n, []).append((p.score, bw, p))
     best: ClusterPlacement | None = None
     for n, pods in by_size.items():
@@ -282,21 +283,27 @@ def multi_node_placement(
     return best
 
 
-def _pod_network_gbps(t: NodeTopology, p: Placement) -> float:
+def pod_network_gbps(t: NodeTopology, p: Placement) -> float:
+    """A pod's share of a NIC-bound collective: its in-node ring, or its slowest GPU's NIC
+    path. Like NCCL, each GPU uses the closest of the pod's NICs; with fewer NICs than GPUs
+    they share them (a pod without NICs gets the node's fastest one, shared)."""
+    from .score import assign_nics
+
     gpus = [t.gpu(v) for v in p.gpus]
     intra = set_busbw(t, gpus)
-    nics = [n for n in t.nics if n.vid in p.nics]
-    if not nics:
-        nics = sorted(t.nics, key=lambda n: -n.gbps)[:1]
-    if not nics:
+    nics = [n for n in t.nics if n.vid in p.nics] or sorted(t.nics, key=lambda n: -n.gbps)[:1]
+    if not nics or not gpus:
         return 0.0
-    per_gpu = max(1, len(p.nics) // max(1, len(gpus)))
-    bws = []
-    for i, g in enumerate(gpus):
-        mine = nics[i * per_gpu : (i + 1) * per_gpu] if len(nics) >= len(gpus) else nics
-        share = 1 if len(nics) >= len(gpus) else math.ceil(len(gpus) / len(nics))
-        bws.append(sum(nic_gbps(t, g, n, share) for n in mine))
-    return min(intra, min(bws))
+    if len(nics) >= len(gpus):
+        per = len(nics) // len(gpus)
+        pairs = assign_nics(t, gpus, nics, per) or []
+        got: dict[str, float] = {}
+        for g, n in pairs:
+            got[g.vid] = got.get(g.vid, 0.0) + nic_gbps(t, g, n)
+        return min(intra, min(got.values()))
+    best = {g.vid: max(nics, key=lambda n: (nic_gbps(t, g, n), n.gbps, n.bus_id)) for g in gpus}
+    users = Counter(n.vid for n in best.values())
+    return min(intra, min(nic_gbps(t, g, best[g.vid], users[best[g.vid].vid]) for g in gpus))
 
 
 def place(
