@@ -570,3 +570,63 @@ def test_admission_leaves_other_users_to_rbac() -> None:
         True,
         "not matched",
     )
+
+
+# -- the image the chart runs -------------------------------------------------------------
+
+
+def _stages() -> list[list[str]]:
+    """Dockerfile instructions (continuations joined), split into build stages."""
+    text = (REPO / "Dockerfile").read_text().replace("\\\n", " ")
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith("#")]
+    stages: list[list[str]] = [[]]
+    for ln in lines:
+        if ln.upper().startswith("FROM "):
+            stages.append([])
+        stages[-1].append(ln)
+    return stages
+
+
+def test_dockerfile_is_multi_stage_pinned_and_non_root() -> None:
+    preamble, *stages = _stages()
+    assert len(stages) >= 2
+    base = re.search(r"^ARG PYTHON_IMAGE=(\S+)$", "\n".join(preamble), re.M)
+    assert base is not None, "the base image is an ARG with a default"
+    # An exact patch release of a named Debian suite, or a digest; never a floating tag.
+    assert re.fullmatch(r"python:3\.11\.\d+-slim-[a-z]+(@sha256:[0-9a-f]{64})?", base[1])
+    assert all(s[0].split()[1] == "${PYTHON_IMAGE}" for s in stages)
+    first, last = "\n".join(stages[0]), "\n".join(stages[-1])
+    assert "pip wheel" in first and " AS build" in stages[0][0]
+    assert "--no-index" in last and "from=build" in last
+    user = [ln for ln in stages[-1] if ln.startswith("USER ")]
+    assert user and user[-1].split()[1].split(":")[0] not in ("0", "root")
+    entry = [ln for ln in stages[-1] if ln.startswith("ENTRYPOINT")]
+    assert entry == ['ENTRYPOINT ["toposlice"]']
+    (c,) = node_plugin(render(None))["containers"]
+    assert c["command"] == ["toposlice"]
+
+
+def test_dockerignore_lets_in_every_shipped_package() -> None:
+    allowed = {
+        ln[1:].strip("/")
+        for ln in (REPO / ".dockerignore").read_text().splitlines()
+        if ln.startswith("!")
+    }
+    ignore_all = "*" in (REPO / ".dockerignore").read_text().splitlines()
+    assert ignore_all, ".dockerignore is an allow-list"
+    project = (REPO / "pyproject.toml").read_text()
+    include = re.search(r"^include = \[(.*)\]$", project, re.M)
+    assert include is not None
+    packages = {p.strip(' "*') for p in include[1].split(",")}
+    missing = {p for p in packages if (REPO / p).is_dir()} - allowed
+    assert not missing, f"packages left out of the image build context: {sorted(missing)}"
+    assert {"pyproject.toml", "README.md"} <= allowed
+
+
+@pytest.mark.parametrize("script", ["hack/build-image.sh", "hack/kind-up.sh"])
+def test_hack_scripts_are_valid_bash(script: str) -> None:
+    path = REPO / script
+    assert path.stat().st_mode & 0o111, f"{script} is not executable"
+    proc = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "set -euo pipefail" in path.read_text()
