@@ -49,9 +49,14 @@ def qualified(kind: str, name: str) -> str:
     return f"{kind}={name}"
 
 
-def spec_file_name(kind: str, claim_uid: str) -> str:
+def spec_file_prefix(kind: str) -> str:
+    """What every transient spec file name of ``kind`` starts with."""
     vendor, _, cls = kind.partition("/")
-    return f"{vendor}-{cls}_{claim_uid.replace('/', '_')}.json"
+    return f"{vendor}-{cls}_"
+
+
+def spec_file_name(kind: str, claim_uid: str) -> str:
+    return f"{spec_file_prefix(kind)}{claim_uid.replace('/', '_')}.json"
 
 
 def min_version(spec: dict[str, Any]) -> str:

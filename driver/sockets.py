@@ -4,6 +4,11 @@ Before listen: remove a stale socket at *our own* path (a previous run that died
 exit: remove it again, but only if it is still the one we created -- a newer instance may
 already have replaced it. The kubelet reaches the sockets as root; nobody else needs to,
 so they are created without world access.
+
+gRPC unlinks the path it bound when the server shuts down, whoever owns that path by
+then. So the server binds a hidden per-process name (the kubelet ignores dot files) and
+the socket is renamed onto the public name once it listens: the public name appears
+atomically, fully set up, and gRPC's own unlink at shutdown hits the old hidden name.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import secrets
 import stat
 import threading
 from collections.abc import Callable
@@ -89,6 +95,10 @@ def serve_unix(
     check_socket_path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     remove_stale(path)
+    remove_stale_binds(path)
+    bind_path = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(3)}")
+    if len(os.fsencode(bind_path)) >= UNIX_PATH_MAX:
+        bind_path = path
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc"),
         interceptors=interceptors,
@@ -100,10 +110,39 @@ def serve_unix(
     with _umask_lock:
         old = os.umask(0o117)
         try:
-            if server.add_insecure_port(f"unix://{path}") == 0:
-                raise OSError(f"cannot listen on {path}")
+            if server.add_insecure_port(f"unix://{bind_path}") == 0:
+                raise OSError(f"cannot listen on {bind_path}")
         finally:
             os.umask(old)
-    os.chmod(path, SOCKET_MODE)
+    os.chmod(bind_path, SOCKET_MODE)
     server.start()
-    return SocketServer(server=server, path=path, inode=path.lstat().st_ino)
+    inode = bind_path.lstat().st_ino
+    if bind_path != path:
+        os.replace(bind_path, path)
+    return SocketServer(server=server, path=path, inode=inode)
+
+
+def remove_stale_binds(path: Path) -> None:
+    """Hidden bind names (``.<name>.<pid>.<hex>``) left by a run that was killed."""
+    prefix = f".{path.name}."
+    try:
+        entries = os.listdir(path.parent)
+    except FileNotFoundError:
+        return
+    for entry in entries:
+        if entry.startswith(prefix) and not _pid_alive(entry[len(prefix) :].split(".")[0]):
+            with contextlib.suppress(FileExistsError):
+                remove_stale(path.parent / entry)
+
+
+def _pid_alive(text: str) -> bool:
+    """Another live process of ours may be starting up right now: leave its bind alone."""
+    if not text.isdigit() or int(text) == os.getpid():
+        return False
+    try:
+        os.kill(int(text), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

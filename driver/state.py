@@ -386,7 +386,7 @@ class DriverState:
         (interrupted prepares keep theirs: the kubelet's retry completes them). After a
         corrupt checkpoint, files are kept: containers of still-prepared claims may restart
         and need their spec."""
-        spec_prefix = cdi.spec_file_name(self.kind, "")
+        spec_prefix = cdi.spec_file_prefix(self.kind)
         for directory, temp_prefix in ((self.cdi_root, f".{spec_prefix}"), (self.topo_dir, ".")):
             for entry in _listdir(directory):
                 if entry.startswith(temp_prefix) and entry.endswith(TEMP_SUFFIX):

@@ -1,0 +1,473 @@
+"""DriverState: prepare/unprepare semantics, CDI specs, checkpoint, crash repair, concurrency."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+
+from driver import cdi
+from driver.checkpoint import load_checkpoint
+from driver.container_edits import NCCL_TOPO_CONTAINER_PATH
+from driver.state import ClaimRef, DriverState
+from tests.driver_support import (
+    FakeClaims,
+    claim,
+    device_names,
+    make_state,
+    snapshot,
+)
+
+REPO = Path(__file__).resolve().parent.parent
+SCHEMA = json.loads((REPO / "tests" / "data" / "cdi-schema.json").read_text())
+
+
+class SimulatedCrash(BaseException):
+    """Stands for kill -9: not an Exception, so no cleanup path catches it."""
+
+
+def ref(obj: dict[str, Any], uid: str | None = None) -> ClaimRef:
+    meta = obj["metadata"]
+    return ClaimRef(meta["namespace"], meta["name"], uid or meta["uid"])
+
+
+def gpus(n: int = 2, machine: str = "dgx-h100") -> list[str]:
+    return device_names(snapshot(machine), "gpu-")[:n]
+
+
+def nics(n: int = 1, machine: str = "dgx-h100") -> list[str]:
+    return device_names(snapshot(machine), "nic-")[:n]
+
+
+def disk(state: DriverState) -> dict[str, list[str]]:
+    """Everything the state owns on disk (temp files included)."""
+    return {
+        "cdi": sorted(os.listdir(state.cdi_root)),
+        "topo": sorted(os.listdir(state.topo_dir)),
+    }
+
+
+def load_spec(state: DriverState, uid: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(state.spec_path(uid).read_text())
+    return data
+
+
+@pytest.fixture
+def reader() -> FakeClaims:
+    return FakeClaims()
+
+
+def test_prepare_writes_valid_spec_defining_every_cdi_id(
+    tmp_path: Path, reader: FakeClaims
+) -> None:
+    c = reader.add(claim("0b9e6c2a-5d1f-4c7e-9a33-2f0d1e7c8b11", gpus(2) + nics(1)))
+    state = make_state(tmp_path, reader)
+    res = state.prepare([ref(c)])[c["metadata"]["uid"]]
+    assert res.error == ""
+    assert [d.device for d in res.devices] == gpus(2) + nics(1)
+    uid = c["metadata"]["uid"]
+    assert disk(state) == {"cdi": [f"k8s.toposlice.dev-claim_{uid}.json"], "topo": [f"{uid}.xml"]}
+    spec = load_spec(state, uid)
+    jsonschema.validate(spec, SCHEMA)
+    # A name starting with a digit needs cdiVersion >= 0.5.0; nothing here needs more.
+    assert spec["cdiVersion"] == "0.5.0"
+    defined = {cdi.qualified(spec["kind"], d["name"]) for d in spec["devices"]}
+    returned = {i for d in res.devices for i in d.cdi_ids}
+    assert returned <= defined and returned
+    for d in spec["devices"]:
+        assert any(d["containerEdits"].values())
+    common = spec["containerEdits"]
+    env = dict(e.split("=", 1) for e in common["env"])
+    assert env["NCCL_TOPO_FILE"] == NCCL_TOPO_CONTAINER_PATH
+    assert common["mounts"][0]["hostPath"] == str(state.topo_path(uid))
+    inv = snapshot().inventory
+    gpu_objs = [
+        g for g in inv.gpus if f"gpu-{g.bus_id.replace(':', '-').replace('.', '-')}" in gpus(2)
+    ]
+    assert env["NVIDIA_VISIBLE_DEVICES"].split(",") == [g.uuid for g in gpu_objs]
+    nic_obj = next(
+        n for n in inv.nics if n.bus_id.replace(":", "-").replace(".", "-") in nics(1)[0]
+    )
+    assert env["NCCL_IB_HCA"] == "=" + ",".join(nic_obj.rdma_devices)
+    nodes = {n["path"] for d in spec["devices"] for n in d["containerEdits"].get("deviceNodes", [])}
+    assert {f"/dev/nvidia{g.minor}" for g in gpu_objs} | {"/dev/nvidiactl"} <= nodes
+    assert any(p.startswith("/dev/infiniband/uverbs") for p in nodes)
+
+
+def test_repeated_prepare_returns_same_ids_and_one_file(tmp_path: Path, reader: FakeClaims) -> None:
+    c = reader.add(claim("u-1", gpus(1)))
+    state = make_state(tmp_path, reader)
+    first = state.prepare([ref(c)])["u-1"]
+    mtime = state.spec_path("u-1").stat().st_mtime_ns
+    second = state.prepare([ref(c), ref(c)])["u-1"]
+    assert first == second and first.error == ""
+    assert state.spec_path("u-1").stat().st_mtime_ns == mtime
+    assert disk(state)["cdi"] == [state.spec_path("u-1").name]
+    # A restarted driver answers the same from its checkpoint.
+    again = make_state(tmp_path, reader).prepare([ref(c)])["u-1"]
+    assert again == first
+
+
+def test_unprepare_removes_files_and_unknown_claim_succeeds(
+    tmp_path: Path, reader: FakeClaims
+) -> None:
+    c = reader.add(claim("u-1", gpus(1) + nics(1)))
+    state = make_state(tmp_path, reader)
+    state.prepare([ref(c)])
+    assert state.prepared_devices() == {gpus(1)[0]: "u-1", nics(1)[0]: "u-1"}
+    errors = state.unprepare([ref(c), ClaimRef("default", "never", "u-unknown")])
+    assert errors == {"u-1": "", "u-unknown": ""}
+    assert disk(state) == {"cdi": [], "topo": []}
+    assert state.prepared_devices() == {}
+    assert load_checkpoint(state.checkpoint_path, state.boot_id)[0] == {}
+    assert state.unprepare([ref(c)]) == {"u-1": ""}
+
+
+@pytest.mark.parametrize(
+    ("case", "expect"),
+    [
+        ("uid-mismatch", "claim got replaced"),
+        ("missing", "not found"),
+        ("other-pool", "is not in this node's pool"),
+        ("unknown-device", "is not in pool"),
+        ("not-allocated", "not allocated"),
+        ("api-error", "reading the ResourceClaim failed"),
+        ("bad-uid", "invalid claim UID"),
+    ],
+)
+def test_bad_claims_are_per_claim_errors_and_leave_nothing(
+    tmp_path: Path, reader: FakeClaims, case: str, expect: str
+) -> None:
+    good = reader.add(claim("good", gpus(1)))
+    uid = "bad"
+    if case == "uid-mismatch":
+        bad = reader.add(claim("other-uid", gpus(1)[1:] or nics(1), name="bad"))
+    elif case == "missing":
+        bad = claim(uid, nics(1))
+    elif case == "other-pool":
+        bad = reader.add(claim(uid, [nics(1)[0]], pool="n2"))
+    elif case == "unknown-device":
+        bad = reader.add(claim(uid, [nics(1)[0], "gpu-0000-ff-00-0"]))
+    elif case == "not-allocated":
+        bad = reader.add(claim(uid, nics(1), allocated=False))
+    elif case == "bad-uid":
+        bad = reader.add(claim("../../etc", nics(1)))
+        uid = "../../etc"
+    else:
+        bad = reader.add(claim(uid, nics(1)))
+    state = make_state(tmp_path, reader)
+    if case == "api-error":
+        reader.error = RuntimeError("connection refused")
+        res = state.prepare([ref(bad, uid)])
+        reader.error = None
+        res.update(state.prepare([ref(good)]))
+    else:
+        res = state.prepare([ref(bad, uid), ref(good)])
+    assert expect in res[uid].error, res[uid].error
+    assert res[uid].devices == ()
+    assert res["good"].error == ""
+    assert disk(state) == {"cdi": [state.spec_path("good").name], "topo": ["good.xml"]}
+    assert set(state.claims()) == {"good"}
+
+
+def test_claims_of_other_drivers_are_ignored(tmp_path: Path, reader: FakeClaims) -> None:
+    other = {"request": "x", "driver": "gpu.nvidia.com", "pool": "n1", "device": "gpu-0"}
+    c = reader.add(claim("u-1", nics(1), extra_results=[other]))
+    res = make_state(tmp_path, reader).prepare([ref(c)])["u-1"]
+    assert [d.device for d in res.devices] == nics(1)
+
+
+def test_device_prepared_for_another_claim_is_refused_unless_shared(
+    tmp_path: Path, reader: FakeClaims
+) -> None:
+    a = reader.add(claim("a", gpus(1)))
+    b = reader.add(claim("b", gpus(1)))
+    state = make_state(tmp_path, reader)
+    assert state.prepare([ref(a)])["a"].error == ""
+    assert "already prepared for claim default/claim-a" in state.prepare([ref(b)])["b"].error
+    shared = reader.add(
+        claim(
+            "c",
+            [],
+            extra_results=[
+                {
+                    "request": "r",
+                    "driver": "toposlice.dev",
+                    "pool": "n1",
+                    "device": gpus(1)[0],
+                    "adminAccess": True,
+                }
+            ],
+        )
+    )
+    assert state.prepare([ref(shared)])["c"].error == ""
+
+
+def test_subrequest_names_are_reduced_to_the_request(tmp_path: Path, reader: FakeClaims) -> None:
+    c = reader.add(claim("u-1", nics(1), request="net/fast"))
+    res = make_state(tmp_path, reader).prepare([ref(c)])["u-1"]
+    assert res.devices[0].request_names == ("net",)
+
+
+def test_cpu_only_claim_has_no_topology_file(tmp_path: Path, reader: FakeClaims) -> None:
+    cpu = device_names(snapshot(), "cpu-")[:1]
+    c = reader.add(claim("u-cpu", cpu))
+    state = make_state(tmp_path, reader)
+    assert state.prepare([ref(c)])["u-cpu"].error == ""
+    assert disk(state)["topo"] == []
+    spec = load_spec(state, "u-cpu")
+    jsonschema.validate(spec, SCHEMA)
+    assert "mounts" not in spec["containerEdits"]
+
+
+def test_amd_gpus_get_kfd_and_render_nodes(tmp_path: Path, reader: FakeClaims) -> None:
+    names = gpus(2, "mi300x-8")
+    c = reader.add(claim("u-amd", names))
+    state = make_state(tmp_path, reader, machine="mi300x-8")
+    assert state.prepare([ref(c)])["u-amd"].error == ""
+    spec = load_spec(state, "u-amd")
+    jsonschema.validate(spec, SCHEMA)
+    for dev in spec["devices"]:
+        paths = [n["path"] for n in dev["containerEdits"]["deviceNodes"]]
+        assert paths[0] == "/dev/kfd" and paths[1].startswith("/dev/dri/renderD")
+    renders = {d["containerEdits"]["deviceNodes"][1]["path"] for d in spec["devices"]}
+    assert len(renders) == 2
+
+
+def test_concurrent_calls(tmp_path: Path, reader: FakeClaims) -> None:
+    snap = snapshot()
+    names = [d["name"] for d in snap.devices]
+    claims = [reader.add(claim(f"c{i:02d}", [names[i]])) for i in range(16)]
+    # Two claims want one device: exactly one of them may win.
+    claims.append(reader.add(claim("dup", [names[0]])))
+    state = make_state(tmp_path, reader)
+    results: dict[str, str] = {}
+    barrier = threading.Barrier(len(claims))
+
+    def run(c: dict[str, Any]) -> None:
+        barrier.wait()
+        for _ in range(3):
+            out = state.prepare([ref(c)])
+            results.update({k: v.error for k, v in out.items()})
+
+    threads = [threading.Thread(target=run, args=(c,)) for c in claims]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    winners = [u for u in ("c00", "dup") if results[u] == ""]
+    assert len(winners) == 1
+    assert all(results[f"c{i:02d}"] == "" for i in range(1, 16))
+    recorded = load_checkpoint(state.checkpoint_path, state.boot_id)[0]
+    assert set(recorded) == {f"c{i:02d}" for i in range(1, 16)} | set(winners)
+    assert len(disk(state)["cdi"]) == 16
+    assert all(r.state == "PrepareCompleted" for r in recorded.values())
+
+    def unrun(c: dict[str, Any]) -> None:
+        state.unprepare([ref(c)])
+
+    threads = [threading.Thread(target=unrun, args=(c,)) for c in claims]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert disk(state) == {"cdi": [], "topo": []}
+    assert load_checkpoint(state.checkpoint_path, state.boot_id)[0] == {}
+
+
+@pytest.mark.parametrize("step", ["intent", "topology", "spec"])
+def test_crash_during_prepare_is_repaired_by_the_next_call(
+    tmp_path: Path, reader: FakeClaims, step: str
+) -> None:
+    c = reader.add(claim("u-1", gpus(2) + nics(1)))
+    expected = make_state(tmp_path / "ref", reader).prepare([ref(c)])["u-1"]
+
+    def crash(at: str) -> None:
+        if at == step:
+            raise SimulatedCrash(at)
+
+    with pytest.raises(SimulatedCrash):
+        make_state(tmp_path, reader, fail_point=crash).prepare([ref(c)])
+    assert load_checkpoint(tmp_path / "state/checkpoint.json", "boot-1")[0]["u-1"].state == (
+        "PrepareStarted"
+    )
+    restarted = make_state(tmp_path, reader)
+    again = restarted.prepare([ref(c)])["u-1"]
+    assert again.error == ""
+    assert [d.cdi_ids for d in again.devices] == [d.cdi_ids for d in expected.devices]
+    assert disk(restarted) == {"cdi": [restarted.spec_path("u-1").name], "topo": ["u-1.xml"]}
+    assert restarted.claims()["u-1"].state == "PrepareCompleted"
+
+
+def test_crash_during_prepare_of_a_vanished_claim_leaves_nothing(
+    tmp_path: Path, reader: FakeClaims
+) -> None:
+    c = reader.add(claim("u-1", gpus(1)))
+
+    def crash(at: str) -> None:
+        if at == "spec":
+            raise SimulatedCrash(at)
+
+    with pytest.raises(SimulatedCrash):
+        make_state(tmp_path, reader, fail_point=crash).prepare([ref(c)])
+    reader.claims.clear()
+    restarted = make_state(tmp_path, reader)
+    assert "not found" in restarted.prepare([ref(c)])["u-1"].error
+    assert disk(restarted) == {"cdi": [], "topo": []}
+    assert restarted.claims() == {}
+
+
+def test_crash_during_unprepare_is_repaired(tmp_path: Path, reader: FakeClaims) -> None:
+    c = reader.add(claim("u-1", gpus(1)))
+    make_state(tmp_path, reader).prepare([ref(c)])
+
+    def crash(at: str) -> None:
+        if at == "unprepare-files":
+            raise SimulatedCrash(at)
+
+    with pytest.raises(SimulatedCrash):
+        make_state(tmp_path, reader, fail_point=crash).unprepare([ref(c)])
+    restarted = make_state(tmp_path, reader)
+    # The record survived; its files are gone, so it is not reported as prepared twice.
+    assert restarted.unprepare([ref(c)]) == {"u-1": ""}
+    assert disk(restarted) == {"cdi": [], "topo": []}
+    assert restarted.claims() == {}
+
+
+def test_crash_after_unprepare_files_then_prepare_rewrites(
+    tmp_path: Path, reader: FakeClaims
+) -> None:
+    c = reader.add(claim("u-1", gpus(1)))
+    first = make_state(tmp_path, reader).prepare([ref(c)])["u-1"]
+
+    def crash(at: str) -> None:
+        if at == "unprepare-files":
+            raise SimulatedCrash(at)
+
+    with pytest.raises(SimulatedCrash):
+        make_state(tmp_path, reader, fail_point=crash).unprepare([ref(c)])
+    restarted = make_state(tmp_path, reader)
+    assert restarted.prepare([ref(c)])["u-1"] == first
+    assert restarted.spec_path("u-1").exists() and restarted.topo_path("u-1").exists()
+
+
+_KILL_SCRIPT = """
+import os, signal, sys
+from pathlib import Path
+from tests.driver_support import FakeClaims, claim, make_state
+from driver.state import ClaimRef
+reader = FakeClaims()
+c = reader.add(claim("u-kill", sys.argv[2].split(",")))
+def die(step):
+    if step == sys.argv[3]:
+        os.kill(os.getpid(), signal.SIGKILL)
+state = make_state(Path(sys.argv[1]), reader, fail_point=die)
+state.prepare([ClaimRef("default", "claim-u-kill", "u-kill")])
+"""
+
+
+@pytest.mark.parametrize("step", ["topology", "spec"])
+def test_kill_9_during_prepare(tmp_path: Path, reader: FakeClaims, step: str) -> None:
+    devices = gpus(1) + nics(1)
+    proc = subprocess.run(
+        [sys.executable, "-c", _KILL_SCRIPT, str(tmp_path), ",".join(devices), step],
+        cwd=REPO,
+        capture_output=True,
+        timeout=120,
+    )
+    assert proc.returncode == -9, proc.stderr.decode()
+    c = reader.add(claim("u-kill", devices))
+    state = make_state(tmp_path, reader)
+    res = state.prepare([ref(c)])["u-kill"]
+    assert res.error == ""
+    spec = load_spec(state, "u-kill")
+    assert {i for d in res.devices for i in d.cdi_ids} == {
+        cdi.qualified(spec["kind"], d["name"]) for d in spec["devices"]
+    }
+    assert disk(state) == {"cdi": [state.spec_path("u-kill").name], "topo": ["u-kill.xml"]}
+
+
+def test_restart_removes_orphans_and_temp_files_only_of_this_driver(
+    tmp_path: Path, reader: FakeClaims
+) -> None:
+    c = reader.add(claim("u-1", gpus(1)))
+    state = make_state(tmp_path, reader)
+    state.prepare([ref(c)])
+    orphan = state.spec_path("u-orphan")
+    orphan.write_text("{}")
+    temp = state.cdi_root / f".{state.spec_path('u-2').name}.abc123.tmp"
+    temp.write_text("half")
+    (state.topo_dir / "u-orphan.xml").write_text("<system/>")
+    foreign = [state.cdi_root / "nvidia.com-gpu.yaml", state.cdi_root / ".other.tmp"]
+    for f in foreign:
+        f.write_text("x")
+    restarted = make_state(tmp_path, reader)
+    assert sorted(disk(restarted)["cdi"]) == sorted(
+        [state.spec_path("u-1").name, "nvidia.com-gpu.yaml", ".other.tmp"]
+    )
+    assert disk(restarted)["topo"] == ["u-1.xml"]
+
+
+def test_corrupt_checkpoint_is_set_aside_and_files_kept(tmp_path: Path, reader: FakeClaims) -> None:
+    c = reader.add(claim("u-1", gpus(1)))
+    state = make_state(tmp_path, reader)
+    first = state.prepare([ref(c)])["u-1"]
+    raw = state.checkpoint_path.read_bytes()
+    state.checkpoint_path.write_bytes(raw.replace(b"PrepareCompleted", b"PrepareCompletex"))
+    restarted = make_state(tmp_path, reader)
+    assert restarted.load_status == "corrupt"
+    assert (tmp_path / "state/checkpoint.json.corrupt").exists()
+    assert restarted.spec_path("u-1").exists()  # a restarting container may still need it
+    assert restarted.prepare([ref(c)])["u-1"] == first
+    assert make_state(tmp_path, reader).load_status == "ok"
+
+
+def test_checksum_detects_a_changed_value(tmp_path: Path, reader: FakeClaims) -> None:
+    c = reader.add(claim("u-1", gpus(1)))
+    state = make_state(tmp_path, reader)
+    state.prepare([ref(c)])
+    doc = json.loads(state.checkpoint_path.read_text())
+    doc["data"]["claims"]["u-1"]["namespace"] = "evil"
+    state.checkpoint_path.write_text(json.dumps(doc))
+    assert load_checkpoint(state.checkpoint_path, "boot-1") == ({}, "corrupt")
+
+
+def test_reboot_discards_checkpoint_and_stale_specs(tmp_path: Path, reader: FakeClaims) -> None:
+    c = reader.add(claim("u-1", gpus(1)))
+    make_state(tmp_path, reader, boot_id="boot-1").prepare([ref(c)])
+    rebooted = make_state(tmp_path, reader, boot_id="boot-2")
+    assert rebooted.load_status == "rebooted"
+    assert rebooted.claims() == {}
+    assert disk(rebooted) == {"cdi": [], "topo": []}
+    assert rebooted.prepare([ref(c)])["u-1"].error == ""
+    assert make_state(tmp_path, reader, boot_id="boot-2").load_status == "ok"
+
+
+def test_spec_missing_on_disk_is_rewritten(tmp_path: Path, reader: FakeClaims) -> None:
+    c = reader.add(claim("u-1", gpus(1)))
+    state = make_state(tmp_path, reader)
+    first = state.prepare([ref(c)])["u-1"]
+    state.spec_path("u-1").unlink()
+    assert state.prepare([ref(c)])["u-1"] == first
+    assert state.spec_path("u-1").exists()
+
+
+def test_min_cdi_version() -> None:
+    kind = cdi.kind_for("toposlice.dev")
+    assert cdi.build_spec(kind, {"a": {"env": ["A=1"]}})["cdiVersion"] == "0.3.0"
+    assert cdi.build_spec(kind, {"1a": {"env": ["A=1"]}})["cdiVersion"] == "0.5.0"
+    mounts = {"mounts": [{"hostPath": "/x", "containerPath": "/y", "type": "bind"}]}
+    assert cdi.build_spec(kind, {"a": mounts})["cdiVersion"] == "0.4.0"
+    with pytest.raises(ValueError, match="empty containerEdits"):
+        cdi.build_spec(kind, {"a": {"env": []}})
+    with pytest.raises(ValueError, match="invalid CDI device name"):
+        cdi.build_spec(kind, {"a/b": {"env": ["A=1"]}})
+    with pytest.raises(ValueError, match="invalid CDI kind"):
+        cdi.check_kind("9vendor/claim")
