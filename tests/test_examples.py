@@ -8,6 +8,7 @@ CEL evaluated by a CEL library, not by Python code of ours).
 
 from __future__ import annotations
 
+import copy
 import re
 import subprocess
 import sys
@@ -27,7 +28,26 @@ REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 NODE = "n1"
 
-_EXPECT = re.compile(r"^#\s{2,}([a-z0-9][-a-z0-9]*):\s+(.+?)\s*$")
+_EXPECT = re.compile(r"^#\s{2,}([a-z0-9][-a-z0-9]*(?: beside [a-z0-9.-]+)?):\s+(.+?)\s*$")
+
+#: The DeviceClass the NVIDIA GPU DRA driver installs for its full GPUs.
+VENDOR_CLASSES = {
+    "gpu.nvidia.com": {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": "gpu.nvidia.com"},
+        "spec": {
+            "selectors": [
+                {
+                    "cel": {
+                        "expression": "device.driver == 'gpu.nvidia.com' && "
+                        "device.attributes['gpu.nvidia.com'].type == 'gpu'"
+                    }
+                }
+            ]
+        },
+    }
+}
 
 
 @cache
@@ -74,6 +94,49 @@ def expectations(path: Path) -> dict[str, dict[str, list[str]] | None]:
     return out
 
 
+def beside_vendor(slices: tuple[dict[str, Any], ...], vendor: str) -> list[dict[str, Any]]:
+    """The node as it looks with a vendor GPU driver publishing the GPUs and toposlice
+    publishing NICs and CPUs: the vendor's devices are named ``gpu-<index>`` and carry the
+    standard ``pciBusID`` / ``pcieRoot`` (as the NVIDIA driver publishes full GPUs)."""
+    ours = copy.deepcopy(list(slices))
+    theirs: list[dict[str, Any]] = []
+    for sl in ours:
+        devices = sl["spec"]["devices"]
+        for d in devices:
+            a = d["attributes"]
+            if a["type"] != {"string": "gpu"}:
+                continue
+            keep = {k: a[k] for k in ("uuid", "index") if k in a}
+            keep |= {k: v for k, v in a.items() if k.startswith("resource.kubernetes.io/pci")}
+            theirs.append(
+                {
+                    "name": f"gpu-{a['index']['int']}",
+                    "attributes": keep | {"type": {"string": "gpu"}},
+                }
+            )
+        sl["spec"]["devices"] = [d for d in devices if d["attributes"]["type"] != {"string": "gpu"}]
+    vendor_slice = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": f"{NODE}-{vendor}"},
+        "spec": {
+            "driver": vendor,
+            "pool": {"name": NODE, "generation": 1, "resourceSliceCount": 1},
+            "nodeName": NODE,
+            "devices": theirs,
+        },
+    }
+    return [*ours, vendor_slice]
+
+
+def node_view(machine: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(slices, device classes) for ``<machine>`` or ``<machine> beside <vendor driver>``."""
+    name, _, vendor = machine.partition(" beside ")
+    if not vendor:
+        return list(machine_slices(name)), device_classes()
+    return beside_vendor(machine_slices(name), vendor), [*device_classes(), VENDOR_CLASSES[vendor]]
+
+
 def docs(path: Path) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all(path.read_text()) if d]
 
@@ -101,6 +164,7 @@ def test_examples_exist_and_name_machines() -> None:
         "gpus-cpu-same-numa",
         "whole-node",
         "gpus-8-else-4",
+        "vendor-gpu-with-nic-and-cpus",
     } <= names
     for p in EXAMPLES:
         exp = expectations(p)
@@ -114,7 +178,7 @@ def test_example_objects_validate(path: Path) -> None:
     for d in docs(path):
         kubernetes_validate.validate(d, version, strict=True)
     t = template(path)
-    classes = {c["metadata"]["name"] for c in device_classes()}
+    classes = {c["metadata"]["name"] for c in [*device_classes(), *VENDOR_CLASSES.values()]}
     pod = next(d for d in docs(path) if d["kind"] == "Pod")
     assert pod["spec"]["resourceClaims"][0]["resourceClaimTemplateName"] == t["metadata"]["name"]
     for req in t["spec"]["spec"]["devices"]["requests"]:
@@ -125,14 +189,17 @@ def test_example_objects_validate(path: Path) -> None:
 @pytest.mark.parametrize(("path", "machine"), CASES, ids=lambda x: getattr(x, "name", x))
 def test_example_allocates_as_its_comment_says(path: Path, machine: str) -> None:
     want = expectations(path)[machine]
-    alloc = Allocator(machine_slices(machine), device_classes(), node=NODE)
+    alloc = Allocator(*node_view(machine), node=NODE)
     got = alloc.allocate(template(path)["spec"]["spec"])
     if want is None:
         assert got is None, f"{path.name} on {machine}: comment says unsatisfiable, got {got}"
         return
     assert got is not None, f"{path.name} on {machine}: not satisfiable"
     assert grouped(got) == want
-    assert all(r.driver == "toposlice.dev" and r.pool == NODE for r in got)
+    assert all(r.pool == NODE for r in got)
+    vendor = machine.partition(" beside ")[2]
+    if vendor:  # one claim, devices of two drivers
+        assert {r.driver for r in got} == {vendor, "toposlice.dev"}
 
 
 # -- the allocator model itself: it must be able to say no -------------------------------
