@@ -409,7 +409,7 @@ def api_calls() -> set[tuple[str, str, str]]:
                 if method.value == "GET":
                     verb = "get" if named else ("watch" if "watch" in text else "list")
                 else:
-                    verb = _HTTP_VERB[method.value]
+                    verb = _HTTP_VERB[str(method.value)]
                 found.add((m2[1] or "", resource, verb))
     return found
 
