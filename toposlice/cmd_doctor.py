@@ -1,0 +1,118 @@
+"""``toposlice doctor``: checks the other DRA drivers' ResourceSlices of a node against its
+hardware (from a kubeconfig or from slice files) and exits non-zero on findings."""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import sys
+from typing import Any
+
+from toposlice.sources import add_normalize_args, add_source_args, load_inventory, normalize_options
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_source_args(p)
+    add_normalize_args(p)
+    p.add_argument("--node-name", help="Kubernetes node name (default: inventory hostname)")
+    p.add_argument("--kubeconfig", help="read the node's ResourceSlices from this cluster")
+    p.add_argument(
+        "--slices",
+        action="append",
+        metavar="FILE",
+        help="read ResourceSlices from a YAML/JSON file instead (repeatable)",
+    )
+    reg = p.add_mutually_exclusive_group()
+    reg.add_argument(
+        "--plugins-registry",
+        metavar="DIR",
+        help="kubelet plugin-registration directory: flag slices of drivers not registered",
+    )
+    reg.add_argument(
+        "--drivers",
+        metavar="LIST",
+        help="comma-separated drivers registered on the node (instead of --plugins-registry)",
+    )
+    p.add_argument("-o", "--output", choices=["table", "json", "yaml"], default="table")
+    p.add_argument(
+        "--fail-on",
+        choices=["warning", "error"],
+        default="warning",
+        help="exit 1 when a finding of this severity or worse exists (default %(default)s)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from driver.observe import ApiSlices, load_slice_files, registered_drivers
+    from normalize.crossdriver import normalization_report
+    from normalize.snapshot import build_snapshot
+    from toposlice.output import dump
+
+    if not args.slices and not args.kubeconfig:
+        print("toposlice: error: doctor needs --kubeconfig or --slices", file=sys.stderr)
+        return 2
+    inv = load_inventory(args)
+    node = args.node_name or inv.hostname or socket.gethostname()
+    snap = build_snapshot(inv, node, normalize_options(args))
+    if args.slices:
+        slices = load_slice_files(args.slices)
+    else:
+        slices = ApiSlices(node, args.kubeconfig).list()
+    drivers: set[str] | None = None
+    if args.drivers is not None:
+        drivers = {d.strip() for d in args.drivers.split(",") if d.strip()}
+    elif args.plugins_registry:
+        drivers = registered_drivers(args.plugins_registry)
+        if drivers is None:
+            print(
+                f"toposlice: warning: {args.plugins_registry} not readable; "
+                "not checking for drivers gone from the node",
+                file=sys.stderr,
+            )
+    report = normalization_report(snap, slices, node, drivers)
+    if args.output == "table":
+        sys.stdout.write(report_table(report.to_dict()))
+    else:
+        dump(report.to_dict(), args.output)
+    failing = report.errors if args.fail_on == "error" else report.errors + report.warnings
+    return 1 if failing else 0
+
+
+def report_table(report: dict[str, Any]) -> str:
+    s = report["summary"]
+    out = [
+        f"node {report['node']}: {s['devices']} devices of {s['drivers']} drivers, "
+        f"{s['matched']} matched to hardware; {s['errors']} errors, {s['warnings']} warnings",
+        "",
+    ]
+    rows = [("DRIVER", "POOLS", "DEVICES", "MATCHED", "ON NODE", "FINDINGS")]
+    for d in report["drivers"]:
+        on = "?" if d["on_node"] is None else ("yes" if d["on_node"] else "NO")
+        rows.append(
+            (
+                d["driver"],
+                ",".join(d["pools"]),
+                str(d["devices"]),
+                str(d["matched"]),
+                on,
+                str(d["findings"]),
+            )
+        )
+    out += _columns(rows)
+    if report["findings"]:
+        out.append("")
+        rows = [("SEVERITY", "DRIVER", "DEVICE", "CHECK", "FINDING")]
+        for f in report["findings"]:
+            rows.append(
+                (f["severity"], f["driver"], f.get("device", "-"), f["check"], f["message"])
+            )
+        out += _columns(rows)
+    return "\n".join(out) + "\n"
+
+
+def _columns(rows: list[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    return [
+        "  ".join([*(c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)), r[-1]]).rstrip()
+        for r in rows
+    ]

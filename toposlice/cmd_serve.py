@@ -1,0 +1,187 @@
+"""``toposlice serve``: the HTTP exporter on its own, for nodes where toposlice publishes
+nothing. Same sources as every command (``--fake``, ``--root``, live); with ``--observe`` it
+also reads the other drivers' ResourceSlices of the node and serves the cross-driver report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from toposlice.sources import (
+    add_normalize_args,
+    add_source_args,
+    inventory_loader,
+    normalize_options,
+)
+
+log = logging.getLogger("toposlice.serve")
+
+#: Python switches threads every 5 ms by default; the HTTP thread then waits that long behind
+#: a discovery. 1 ms keeps the exporter's p99 within target (docs/exporter.md).
+SWITCH_INTERVAL = 0.001
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_source_args(p)
+    add_normalize_args(p)
+    p.add_argument(
+        "--http-addr", default=":8080", help="HOST:PORT to serve on (default %(default)s)"
+    )
+    p.add_argument("--node-name", help="Kubernetes node name (default: inventory hostname)")
+    p.add_argument(
+        "--rediscover-interval",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="rediscover the node every S seconds (default %(default)s)",
+    )
+    p.add_argument(
+        "--observe",
+        action="store_true",
+        help="read other drivers' ResourceSlices of the node and report on them",
+    )
+    p.add_argument(
+        "--kubeconfig", help="kubeconfig for --observe (default: in-cluster, else ~/.kube)"
+    )
+    p.add_argument(
+        "--slices",
+        action="append",
+        metavar="FILE",
+        help="observe these slice files instead of the API server (repeatable)",
+    )
+    p.add_argument(
+        "--observe-interval", type=float, default=15.0, metavar="S", help="default %(default)s"
+    )
+    p.add_argument(
+        "--plugins-registry",
+        default="/var/lib/kubelet/plugins_registry",
+        metavar="DIR",
+        help="kubelet plugin-registration directory, to find drivers no longer on the node",
+    )
+
+
+class ServeView:
+    """ExporterView of a node toposlice does not publish for: only the snapshot is real."""
+
+    def __init__(self) -> None:
+        self._snapshot: Any = None
+        self.last_error = ""
+
+    def snapshot(self) -> Any:
+        return self._snapshot
+
+    def set(self, snap: Any) -> None:
+        self._snapshot = snap
+
+    def status(self) -> Any:
+        from driver.interfaces import DriverStatus
+
+        return DriverStatus(last_error=self.last_error, details={"mode": "serve"})
+
+    def allocated(self) -> Mapping[str, str]:
+        return {}
+
+    def health(self) -> list[Any]:
+        return []
+
+
+def run(args: argparse.Namespace) -> int:
+    from driver.http_server import HttpServer
+    from driver.metrics import DriverMetrics
+    from normalize.snapshot import build_snapshot
+    from toposlice.render import graph_to_dot
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    sys.setswitchinterval(SWITCH_INTERVAL)
+    loader = inventory_loader(args)
+    opts = normalize_options(args)
+    view = ServeView()
+    metrics = DriverMetrics()
+
+    def ready() -> tuple[bool, str]:
+        return (True, "ok") if view.snapshot() is not None else (False, "no discovery yet")
+
+    server = HttpServer(
+        args.http_addr, view, metrics, ready=ready, publishes=False, dot=graph_to_dot
+    )
+    server.start()
+    log.info("serving on %s", server.url)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+
+    observer = None
+    if args.observe or args.slices:
+        observer = _observer(args, view, server, opts.driver)
+
+    def discover_once() -> bool:
+        start = time.perf_counter()
+        try:
+            inv = loader()
+            node = args.node_name or inv.hostname or socket.gethostname()
+            snap = build_snapshot(inv, node, opts)
+        except Exception as exc:
+            view.last_error = f"discovery failed: {exc}"
+            log.warning("%s", view.last_error)
+            metrics.discovery(time.perf_counter() - start, None, failed=True)
+            return False
+        metrics.discovery(time.perf_counter() - start, inv)
+        view.set(snap)
+        view.last_error = ""
+        server.publish(snap)
+        if observer is not None:
+            observer.poke()
+        return True
+
+    backoff = 1.0
+    try:
+        if observer is not None:
+            observer.start()
+        while not stop.is_set():
+            if discover_once():
+                backoff = 1.0
+                stop.wait(max(args.rediscover_interval, 0.05))
+            else:
+                stop.wait(backoff)
+                backoff = min(backoff * 2, max(args.rediscover_interval, 1.0))
+    finally:
+        if observer is not None:
+            observer.stop()
+        server.stop()
+    return 0
+
+
+def _observer(args: argparse.Namespace, view: ServeView, server: Any, own_driver: str) -> Any:
+    from driver.observe import ApiSlices, Observer, load_slice_files
+
+    files = list(args.slices or [])
+    if files:
+
+        def source() -> list[dict[str, Any]]:
+            return load_slice_files(files)
+
+    else:
+        holder: dict[str, ApiSlices] = {}
+
+        def source() -> list[dict[str, Any]]:
+            snap = view.snapshot()
+            if "api" not in holder:
+                holder["api"] = ApiSlices(snap.node_name, args.kubeconfig)
+            return holder["api"].list()
+
+    return Observer(
+        source,
+        view.snapshot,
+        lambda report: server.publish(normalization=report),
+        interval=args.observe_interval,
+        registry_dir=args.plugins_registry,
+        exclude_driver=own_driver,
+    )
