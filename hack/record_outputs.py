@@ -44,7 +44,11 @@ def _run_cli(argv: list[str]) -> tuple[int, str, str]:
 
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        rc = main(argv)
+        try:
+            rc = main(argv)
+        except Exception as exc:  # a crash is an output too: record it, go on
+            rc = -1
+            err.write(f"EXCEPTION {type(exc).__name__}: {exc}\n")
     return rc, out.getvalue(), err.getvalue()
 
 

@@ -11,19 +11,45 @@ from typing import Any
 
 from discovery.model import Gpu, Inventory, NumaNode, PciDevice
 
+from .attribute_names import (
+    LEGACY_CPU_NUMA,
+    LEGACY_NIC_NUMA,
+    NUMA_NODE,
+    PCI_BUS_ID,
+    PCIE_ROOT,
+    STANDARD_DOMAIN,
+)
+from .limits import INT64_MAX, INT64_MIN, MAX_STRING
 from .options import NormalizeOptions
+
+__all__ = [
+    "LEGACY_CPU_NUMA",
+    "LEGACY_NIC_NUMA",
+    "NUMA_NODE",
+    "PCIE_ROOT",
+    "PCI_BUS_ID",
+    "STANDARD_DOMAIN",
+    "Attr",
+    "Attrs",
+    "a_bool",
+    "a_int",
+    "a_ints",
+    "a_string",
+    "a_strings",
+    "a_version",
+    "int_fits",
+    "is_list_attr",
+    "is_semver",
+    "numa_attribute",
+    "numa_list",
+    "pci_standard_attributes",
+    "to_semver",
+    "value_count",
+]
 
 Attr = dict[str, Any]
 Attrs = dict[str, Attr]
 
-STANDARD_DOMAIN = "resource.kubernetes.io"
-PCI_BUS_ID = f"{STANDARD_DOMAIN}/pciBusID"
-PCIE_ROOT = f"{STANDARD_DOMAIN}/pcieRoot"
-NUMA_NODE = f"{STANDARD_DOMAIN}/numaNode"
-LEGACY_NIC_NUMA = "dra.net/numaNode"
-LEGACY_CPU_NUMA = "dra.cpu/numaNodeID"
-
-MAX_STRING = 64
 LIST_KEYS = frozenset({"ints", "bools", "strings", "versions"})
 
 PCI_BUS_ID_RE = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-9a-f]$")
@@ -32,8 +58,6 @@ SEMVER_RE = re.compile(
     r"(?:-((?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)(?:\.(?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*))*))?"
     r"(?:\+([0-9a-zA-Z-]+(?:\.[0-9a-zA-Z-]+)*))?$"
 )
-_INT64_MIN = -(2**63)
-_INT64_MAX = 2**63 - 1
 
 
 def a_int(value: int) -> Attr:
@@ -111,7 +135,7 @@ def is_list_attr(attr: Attr) -> bool:
 
 
 def int_fits(value: int) -> bool:
-    return _INT64_MIN <= value <= _INT64_MAX
+    return INT64_MIN <= value <= INT64_MAX
 
 
 def numa_list(inv: Inventory, node: int) -> list[int]:

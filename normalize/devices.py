@@ -9,12 +9,9 @@ from typing import Any
 from discovery.bandwidth import pcie_generation, pcie_link_gbps
 from discovery.model import Gpu, Inventory, Nic, PciDevice
 
+from . import attribute_names as an
 from . import names
 from .attributes import (
-    LEGACY_CPU_NUMA,
-    LEGACY_NIC_NUMA,
-    NUMA_NODE,
-    PCIE_ROOT,
     Attr,
     Attrs,
     a_bool,
@@ -27,13 +24,12 @@ from .attributes import (
     pci_standard_attributes,
     value_count,
 )
-from .cpugroups import CpuGroup, cpu_groups, cpu_list_text
+from .cpugroups import CpuGroup, cpu_list_text
+from .limits import MAX_ATTRIBUTE_VALUES, MAX_ATTRS_AND_CAPACITY
 from .options import NormalizeOptions
+from .pool import PoolPlan, plan_pool
 
 Device = dict[str, Any]
-
-MAX_ATTRS_AND_CAPACITY = 32
-MAX_ATTRIBUTE_VALUES = 48
 
 
 def pcie_bandwidth_mbps(gen: int | None, width: int | None) -> int | None:
@@ -113,10 +109,10 @@ def _pcie_link_attrs(attrs: Attrs, pci: PciDevice | None) -> None:
     if pci is None:
         return
     gen = pcie_generation(pci.link.current_speed_gts)
-    _put_int(attrs, "pcieGen", gen)
-    _put_int(attrs, "pcieWidth", pci.link.current_width)
-    _put_int(attrs, "pcieBandwidthMBps", pcie_bandwidth_mbps(gen, pci.link.current_width))
-    _put(attrs, "pcieSwitch", a_string(pcie_switch(pci)))
+    _put_int(attrs, an.PCIE_GEN, gen)
+    _put_int(attrs, an.PCIE_WIDTH, pci.link.current_width)
+    _put_int(attrs, an.PCIE_BANDWIDTH_MBPS, pcie_bandwidth_mbps(gen, pci.link.current_width))
+    _put(attrs, an.PCIE_SWITCH, a_string(pcie_switch(pci)))
 
 
 def fit_budget(attrs: Attrs, capacity: dict[str, Any]) -> Attrs:
@@ -143,142 +139,109 @@ def _device(name: str, attrs: Attrs, capacity: dict[str, Any]) -> Device:
 
 def gpu_device(inv: Inventory, gpu: Gpu, opts: NormalizeOptions, name: str) -> Device:
     pci = inv.pci(gpu.bus_id)
-    attrs: Attrs = {"type": {"string": "gpu"}}
+    attrs: Attrs = {an.TYPE: {"string": "gpu"}}
     attrs.update(pci_standard_attributes(inv, gpu.bus_id, opts, gpu))
-    _put(attrs, "vendor", a_string(gpu.vendor))
-    _put(attrs, "model", a_string(gpu.model, truncate=True))
-    _put(attrs, "uuid", a_string(gpu.uuid))
-    _put_int(attrs, "index", gpu.index)
-    _put_int(attrs, "minor", gpu.minor)
-    _put(attrs, "architecture", a_string(gpu.architecture, truncate=True))
-    _put(attrs, "computeCapability", a_version(gpu.compute_capability))
-    _put(attrs, "driverVersion", a_version(gpu.driver_version, lenient=False))
+    _put(attrs, an.VENDOR, a_string(gpu.vendor))
+    _put(attrs, an.MODEL, a_string(gpu.model, truncate=True))
+    _put(attrs, an.UUID, a_string(gpu.uuid))
+    _put_int(attrs, an.INDEX, gpu.index)
+    _put_int(attrs, an.MINOR, gpu.minor)
+    _put(attrs, an.ARCHITECTURE, a_string(gpu.architecture, truncate=True))
+    _put(attrs, an.COMPUTE_CAPABILITY, a_version(gpu.compute_capability))
+    _put(attrs, an.DRIVER_VERSION, a_version(gpu.driver_version, lenient=False))
     if gpu.mig_mode is not None:
-        attrs["migMode"] = a_bool(gpu.mig_mode)
+        attrs[an.MIG_MODE] = a_bool(gpu.mig_mode)
     _pcie_link_attrs(attrs, pci)
     if gpu.nvlinks:
         versions = Counter(link.version for link in gpu.nvlinks if link.version)
         if versions:
-            _put(attrs, "nvlinkVersion", a_version(versions.most_common(1)[0][0]))
-        attrs["nvlinkLinks"] = a_int(len(gpu.nvlinks))
-    _put(attrs, "nvlinkDomain", a_string(nvlink_domain(inv, gpu)))
+            _put(attrs, an.NVLINK_VERSION, a_version(versions.most_common(1)[0][0]))
+        attrs[an.NVLINK_LINKS] = a_int(len(gpu.nvlinks))
+    _put(attrs, an.NVLINK_DOMAIN, a_string(nvlink_domain(inv, gpu)))
     if gpu.fabric is not None:
-        _put(attrs, "nvlinkClique", a_string(gpu.fabric.clique))
+        _put(attrs, an.NVLINK_CLIQUE, a_string(gpu.fabric.clique))
     if gpu.xgmi_hive_id and gpu.xgmi_hive_id.strip("0x") != "":
-        _put(attrs, "xgmiHive", a_string(gpu.xgmi_hive_id))
+        _put(attrs, an.XGMI_HIVE, a_string(gpu.xgmi_hive_id))
     if gpu.memory_numa_node is not None:
-        attrs["memoryNumaNode"] = a_int(gpu.memory_numa_node)
+        attrs[an.MEMORY_NUMA_NODE] = a_int(gpu.memory_numa_node)
     capacity: dict[str, Any] = {}
     if gpu.memory_bytes:
-        capacity["memory"] = {"value": quantity(gpu.memory_bytes)}
+        capacity[an.CAPACITY_MEMORY] = {"value": quantity(gpu.memory_bytes)}
     return _device(name, attrs, capacity)
 
 
 def nic_device(inv: Inventory, nic: Nic, opts: NormalizeOptions, name: str) -> Device:
     pci = inv.pci(nic.bus_id)
-    attrs: Attrs = {"type": {"string": "nic"}}
+    attrs: Attrs = {an.TYPE: {"string": "nic"}}
     attrs.update(pci_standard_attributes(inv, nic.bus_id, opts))
-    _put(attrs, "vendor", a_string(nic.vendor, truncate=True))
-    _put(attrs, "model", a_string(nic.model, truncate=True))
-    _put(attrs, "netdev", a_string(nic.netdevs[0] if nic.netdevs else None))
-    _put(attrs, "rdmaDevice", a_string(nic.rdma_devices[0] if nic.rdma_devices else None))
-    _put(attrs, "linkLayer", a_string(nic.link_layer))
+    _put(attrs, an.VENDOR, a_string(nic.vendor, truncate=True))
+    _put(attrs, an.MODEL, a_string(nic.model, truncate=True))
+    _put(attrs, an.NETDEV, a_string(nic.netdevs[0] if nic.netdevs else None))
+    _put(attrs, an.RDMA_DEVICE, a_string(nic.rdma_devices[0] if nic.rdma_devices else None))
+    _put(attrs, an.LINK_LAYER, a_string(nic.link_layer))
     speed = nic.speed_mbps
     if (speed is None or speed <= 0) and nic.rate_gbps:
         speed = round(nic.rate_gbps * 1000)
     if speed is not None and speed > 0:
-        _put_int(attrs, "speedMbps", speed)
-    attrs["sriovVF"] = a_bool(nic.is_vf)
+        _put_int(attrs, an.SPEED_MBPS, speed)
+    attrs[an.SRIOV_VF] = a_bool(nic.is_vf)
     if pci is not None and nic.is_vf and pci.physfn:
-        _put(attrs, "sriovPF", a_string(pci.physfn))
-    _put(attrs, "nodeGuid", a_string(nic.node_guid))
+        _put(attrs, an.SRIOV_PF, a_string(pci.physfn))
+    _put(attrs, an.NODE_GUID, a_string(nic.node_guid))
     _pcie_link_attrs(attrs, pci)
     if opts.legacy_aliases and pci is not None and pci.numa_node is not None:
-        attrs[LEGACY_NIC_NUMA] = a_int(pci.numa_node)
+        attrs[an.LEGACY_NIC_NUMA] = a_int(pci.numa_node)
     return _device(name, attrs, {})
 
 
 def cpu_device(inv: Inventory, group: CpuGroup, opts: NormalizeOptions) -> Device:
-    attrs: Attrs = {"type": {"string": "cpu"}}
-    _put(attrs, NUMA_NODE, numa_attribute(inv, group.numa_node, opts))
+    attrs: Attrs = {an.TYPE: {"string": "cpu"}}
+    _put(attrs, an.NUMA_NODE, numa_attribute(inv, group.numa_node, opts))
     if opts.numa_list and group.pcie_roots:
-        _put(attrs, PCIE_ROOT, a_strings(list(group.pcie_roots)))
-    _put(attrs, "vendor", a_string(inv.host.get("cpu_vendor"), truncate=True))
-    _put(attrs, "model", a_string(inv.host.get("cpu_model"), truncate=True))
-    _put(attrs, "grouping", a_string(group.kind))
-    _put_int(attrs, "package", group.package)
-    _put_int(attrs, "l3Cache", group.l3_id)
-    _put_int(attrs, "core", group.core)
-    _put(attrs, "cpuList", a_string(cpu_list_text(group.cpus)))
+        _put(attrs, an.PCIE_ROOT, a_strings(list(group.pcie_roots)))
+    _put(attrs, an.VENDOR, a_string(inv.host.get("cpu_vendor"), truncate=True))
+    _put(attrs, an.MODEL, a_string(inv.host.get("cpu_model"), truncate=True))
+    _put(attrs, an.GROUPING, a_string(group.kind))
+    _put_int(attrs, an.PACKAGE, group.package)
+    _put_int(attrs, an.L3_CACHE, group.l3_id)
+    _put_int(attrs, an.CORE, group.core)
+    _put(attrs, an.CPU_LIST, a_string(cpu_list_text(group.cpus)))
     if group.pcie_roots:
         if opts.numa_list:
-            _put(attrs, "pcieRoots", a_strings(list(group.pcie_roots)))
+            _put(attrs, an.PCIE_ROOTS, a_strings(list(group.pcie_roots)))
         else:
-            _put(attrs, "pcieRoots", a_string(",".join(group.pcie_roots)))
+            _put(attrs, an.PCIE_ROOTS, a_string(",".join(group.pcie_roots)))
     if opts.legacy_aliases and group.numa_node is not None:
-        attrs[LEGACY_CPU_NUMA] = a_int(group.numa_node)
-    capacity: dict[str, Any] = {"cpus": {"value": str(len(group.cpus))}}
+        attrs[an.LEGACY_CPU_NUMA] = a_int(group.numa_node)
+    capacity: dict[str, Any] = {an.CAPACITY_CPUS: {"value": str(len(group.cpus))}}
     if group.memory_bytes:
-        capacity["memory"] = {"value": quantity(group.memory_bytes)}
+        capacity[an.CAPACITY_MEMORY] = {"value": quantity(group.memory_bytes)}
     return _device(group.name, attrs, capacity)
-
-
-def _gpu_order(gpu: Gpu) -> str:
-    return gpu.bus_id.lower()
-
-
-def _nic_order(nic: Nic) -> str:
-    return nic.bus_id.lower()
-
-
-def _ordered(inv: Inventory, opts: NormalizeOptions) -> tuple[list[Gpu], list[Nic], list[CpuGroup]]:
-    """Devices in pool order, with final unique names (CPU groups already renamed)."""
-    gpus = sorted(inv.gpus, key=_gpu_order)
-    nics = sorted(inv.nics, key=_nic_order)
-    groups = cpu_groups(inv, opts.cpu_grouping)
-    return gpus, nics, groups
-
-
-def _unique(
-    gpus: list[Gpu], nics: list[Nic], groups: list[CpuGroup]
-) -> tuple[list[str], list[str], list[str]]:
-    pairs = [(names.gpu_name(g.bus_id), f"gpu:{g.bus_id}") for g in gpus]
-    pairs += [(names.nic_name(n.bus_id), f"nic:{n.bus_id}") for n in nics]
-    pairs += [(g.name, f"cpu_group:{g.name}:{g.cpus}") for g in groups]
-    unique = names.unique_names(pairs)
-    a, b = len(gpus), len(gpus) + len(nics)
-    return unique[:a], unique[a:b], unique[b:]
 
 
 def device_names(inv: Inventory, opts: NormalizeOptions | None = None) -> dict[str, str]:
     """Map graph vertex ids (``gpu:<bus>``, ``nic:<bus>``, ``cpu_group:<group name>``) to the
     published DRA device names."""
-    opts = opts or NormalizeOptions()
-    gpus, nics, groups = _ordered(inv, opts)
-    gn, nn, cn = _unique(gpus, nics, groups)
-    out: dict[str, str] = {}
-    for gpu, name in zip(gpus, gn, strict=True):
-        out.setdefault(f"gpu:{gpu.bus_id}", name)
-    for nic, name in zip(nics, nn, strict=True):
-        out.setdefault(f"nic:{nic.bus_id}", name)
-    for group, name in zip(groups, cn, strict=True):
-        out.setdefault(f"cpu_group:{group.name}", name)
-    return out
+    return plan_pool(inv, opts).names
 
 
-def build_devices(inv: Inventory, opts: NormalizeOptions | None = None) -> list[Device]:
+def build_devices(
+    inv: Inventory, opts: NormalizeOptions | None = None, plan: PoolPlan | None = None
+) -> list[Device]:
     """All devices of the pool: GPUs by bus id, then NICs by bus id, then CPU groups
-    (by NUMA node). Names are unique within the pool."""
+    (by NUMA node). Names are unique within the pool (``plan``: the pool plan, when the
+    caller already has it)."""
     opts = opts or NormalizeOptions()
-    gpus, nics, groups = _ordered(inv, opts)
-    gn, nn, cn = _unique(gpus, nics, groups)
+    plan = plan or plan_pool(inv, opts)
     out: list[Device] = []
-    for gpu, name in zip(gpus, gn, strict=True):
-        out.append(gpu_device(inv, gpu, opts, name))
-    for nic, name in zip(nics, nn, strict=True):
-        out.append(nic_device(inv, nic, opts, name))
-    for group, name in zip(groups, cn, strict=True):
-        if name != group.name:
-            group = replace(group, name=name)
-        out.append(cpu_device(inv, group, opts))
+    for entry in plan.entries:
+        if entry.gpu is not None:
+            out.append(gpu_device(inv, entry.gpu, opts, entry.name))
+        elif entry.nic is not None:
+            out.append(nic_device(inv, entry.nic, opts, entry.name))
+        elif entry.cpu_group is not None:
+            group = entry.cpu_group
+            if entry.name != group.name:
+                group = replace(group, name=entry.name)
+            out.append(cpu_device(inv, group, opts))
     return out

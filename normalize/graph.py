@@ -14,12 +14,10 @@ from discovery.bandwidth import NVLINK_LINK_GBPS, pcie_generation, pcie_link_gbp
 from discovery.model import Gpu, Inventory, NvLink, PciDevice
 
 from .attributes import to_semver
-from .cpugroups import cpu_groups, cpu_list_text, device_numa
-from .devices import device_names
+from .cpugroups import cpu_list_text, device_numa
 from .options import NormalizeOptions
+from .pool import PoolPlan, plan_pool
 from .relations import (
-    RelationMatrix,
-    format_topo,
     ordered_gpus,
     ordered_nics,
     relation_matrix,
@@ -113,11 +111,15 @@ def _pci_attrs(pci: PciDevice | None) -> dict[str, Any]:
     }
 
 
-def build_graph(inv: Inventory, opts: NormalizeOptions | None = None) -> dict[str, Any]:
-    """The ``toposlice.graph/v1`` JSON document for ``inv`` (see docs/graph.md)."""
+def build_graph(
+    inv: Inventory, opts: NormalizeOptions | None = None, plan: PoolPlan | None = None
+) -> dict[str, Any]:
+    """The ``toposlice.graph/v1`` JSON document for ``inv`` (see docs/graph.md); ``plan``
+    is the pool plan when the caller already has it."""
     opts = opts or NormalizeOptions()
+    plan = plan or plan_pool(inv, opts)
     b = _Builder()
-    names = device_names(inv, opts)
+    names = plan.names
     rel = relation_matrix(inv)
     labels = dict(zip(rel.bus_ids, rel.labels, strict=True))
     host = inv.hostname
@@ -235,7 +237,7 @@ def build_graph(inv: Inventory, opts: NormalizeOptions | None = None) -> dict[st
     _nvlink_edges(b, inv)
     _xgmi_edges(b, inv)
 
-    for group in cpu_groups(inv, opts.cpu_grouping):
+    for group in plan.cpu_groups:
         vid = f"cpu_group:{group.name}"
         b.vertex(
             vid,
@@ -351,118 +353,3 @@ def _xgmi_edges(b: _Builder, inv: Inventory) -> None:
 
 def _hive(gpu: Gpu) -> str | None:
     return gpu.xgmi_hive_id or None
-
-
-def _matrix_from_graph(graph: dict[str, Any]) -> RelationMatrix:
-    rel = graph.get("relations") or {}
-    devices = graph.get("devices") or []
-    return RelationMatrix(
-        labels=list(rel.get("labels") or []),
-        bus_ids=[d.get("bus_id", "") for d in devices],
-        legend=dict(rel.get("legend") or {}),
-        matrix=[list(r) for r in rel.get("matrix") or []],
-        cpu_affinity=[d.get("cpu_affinity") for d in devices],
-        numa_affinity=[d.get("numa_affinity") for d in devices],
-        numa_affinity_nodes=[d.get("numa_affinity_nodes") or [] for d in devices],
-        gpu_numa_id=[d.get("gpu_numa_id") for d in devices],
-    )
-
-
-def graph_table(graph: dict[str, Any]) -> str:
-    """Readable summary: the relation matrix (nvidia-smi style) plus a short device list."""
-    out = [f"node: {graph.get('node') or '-'}", ""]
-    matrix = _matrix_from_graph(graph)
-    if matrix.labels:
-        out.append(format_topo(matrix))
-    else:
-        out.append("(no GPUs or NICs)\n")
-    verts = {v["id"]: v for v in graph.get("vertices", [])}
-    rows = [("LABEL", "BUS ID", "DRA DEVICE", "NUMA", "PCIE ROOT", "MODEL")]
-    for d in graph.get("devices", []):
-        attrs = verts.get(d["id"], {}).get("attrs", {})
-        numa = d.get("numa_affinity")
-        rows.append(
-            (
-                d["label"],
-                d.get("bus_id", "-"),
-                d.get("dra_device", "-"),
-                "-" if numa is None else str(numa),
-                attrs.get("pcie_root", "-"),
-                attrs.get("model") or d.get("name") or "-",
-            )
-        )
-    for v in graph.get("vertices", []):
-        if v["kind"] == "cpu_group":
-            a = v["attrs"]
-            numa = a.get("numa_node")
-            rows.append(
-                (
-                    "CPU",
-                    a.get("cpus", "-"),
-                    a.get("dra_device", "-"),
-                    "-" if numa is None else str(numa),
-                    ",".join(a.get("pcie_roots", [])) or "-",
-                    a.get("grouping", "-"),
-                )
-            )
-    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]) - 1)]
-    for r in rows:
-        cells = [str(c).ljust(w) for c, w in zip(r[:-1], widths, strict=True)]
-        out.append("  ".join([*cells, str(r[-1])]).rstrip())
-    return "\n".join(out) + "\n"
-
-
-_DOT_SHAPES = {
-    "machine": "house",
-    "package": "box3d",
-    "numa": "box",
-    "pcie_root": "invhouse",
-    "bridge": "diamond",
-    "gpu": "box",
-    "nic": "ellipse",
-    "nvswitch": "octagon",
-    "cpu_group": "component",
-}
-_DOT_EDGE = {
-    "contains": "style=dotted, arrowhead=none",
-    "pcie": "",
-    "nvlink": 'color="green", penwidth=2, dir=both',
-    "xgmi": 'color="red", penwidth=2, dir=both',
-    "numa_distance": 'style=dashed, arrowhead=none, color="gray"',
-    "attach": 'style=dotted, color="blue"',
-    "memory": 'style=dashed, color="purple"',
-}
-
-
-def _q(text: str) -> str:
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def graph_to_dot(graph: dict[str, Any]) -> str:
-    """Graphviz DOT rendering of the graph."""
-    lines = [f"digraph {_q(str(graph.get('node') or 'node'))} {{"]
-    lines.append("  rankdir=TB;")
-    lines.append('  node [fontname="Helvetica", fontsize=10];')
-    for v in graph.get("vertices", []):
-        attrs = v.get("attrs", {})
-        text = v.get("label") or v["id"]
-        extra = attrs.get("model") or attrs.get("dra_device")
-        if extra and extra != text:
-            text = f"{text}\\n{extra}"
-        shape = _DOT_SHAPES.get(v["kind"], "box")
-        lines.append(f"  {_q(v['id'])} [label={_q(text)}, shape={shape}];")
-    for e in graph.get("edges", []):
-        style = _DOT_EDGE.get(e["kind"], "")
-        a = e.get("attrs", {})
-        label = ""
-        if e["kind"] == "nvlink":
-            label = f"NV{a.get('links', '?')}"
-        elif e["kind"] == "pcie" and a.get("gen"):
-            label = f"Gen{a['gen']} x{a.get('width', '?')}"
-        elif e["kind"] == "numa_distance":
-            label = str(a.get("distance", ""))
-        opts = [o for o in (style, f"label={_q(label)}" if label else "") if o]
-        suffix = f" [{', '.join(opts)}]" if opts else ""
-        lines.append(f"  {_q(e['source'])} -> {_q(e['target'])}{suffix};")
-    lines.append("}")
-    return "\n".join(lines) + "\n"

@@ -15,9 +15,10 @@ import re
 from collections import Counter
 from collections.abc import Sequence
 
+from .limits import MAX_DNS_LABEL
 from .validation import is_dns_label
 
-MAX_LABEL = 63
+MAX_LABEL = MAX_DNS_LABEL
 _BAD_CHARS = re.compile(r"[^a-z0-9-]+")
 _HASH_LEN = 8
 

@@ -5,11 +5,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-CpuGrouping = Literal["numa", "l3", "core"]
+from .limits import MAX_DEVICES_PER_SLICE, MAX_DEVICES_PER_SLICE_RESTRICTED
 
-#: Upstream per-slice device limits (resource.k8s.io/v1).
-MAX_DEVICES_PER_SLICE = 128
-MAX_DEVICES_PER_SLICE_RESTRICTED = 64
+__all__ = [
+    "MAX_DEVICES_PER_SLICE",
+    "MAX_DEVICES_PER_SLICE_RESTRICTED",
+    "CpuGrouping",
+    "NormalizeOptions",
+]
+
+CpuGrouping = Literal["numa", "l3", "core"]
 
 
 @dataclass(frozen=True)

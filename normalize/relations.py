@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass, field
 
 from discovery.model import Gpu, Inventory, Nic, PciDevice
-from discovery.readers import format_cpulist, normalize_bdf
+from discovery.readers import normalize_bdf
 
 from .cpugroups import cpu_list_text, device_numa
 
@@ -214,40 +214,3 @@ def relation_matrix(inv: Inventory) -> RelationMatrix:
         gpu_numa_id=gpu_numa,
         numa_affinity_nodes=aff_nodes,
     )
-
-
-def _cell(value: str) -> str:
-    return " X " if value == "X" else value
-
-
-def format_topo(matrix: RelationMatrix, affinity: bool = True) -> str:
-    """Tab-separated table like ``nvidia-smi topo -m`` (affinity columns on GPU rows)."""
-    lines = []
-    header = ["", *matrix.labels]
-    if affinity:
-        header += ["CPU Affinity", "NUMA Affinity", "GPU NUMA ID"]
-    lines.append("\t".join(header))
-    for i, label in enumerate(matrix.labels):
-        row = [label, *(_cell(v) for v in matrix.matrix[i])]
-        if affinity and label.startswith("GPU"):
-            cpu = matrix.cpu_affinity[i] if i < len(matrix.cpu_affinity) else None
-            numa = matrix.numa_affinity[i] if i < len(matrix.numa_affinity) else None
-            nodes = matrix.numa_affinity_nodes[i] if i < len(matrix.numa_affinity_nodes) else []
-            gnuma = matrix.gpu_numa_id[i] if i < len(matrix.gpu_numa_id) else None
-            row += [
-                cpu or "N/A",
-                format_cpulist(nodes) if nodes else ("N/A" if numa is None else str(numa)),
-                "N/A" if gnuma is None else str(gnuma),
-            ]
-        lines.append("\t".join(row))
-    lines += ["", "Legend:", ""]
-    width = max(len(k) for k in LEGEND)
-    used = {("NV#" if v.startswith("NV") else v) for row in matrix.matrix for v in row}
-    for key, text in LEGEND.items():
-        if key == "XGMI" and key not in used:
-            continue
-        lines.append(f"  {key.ljust(width)} = {text}")
-    if matrix.legend:
-        lines += ["", "NIC Legend:", ""]
-        lines += [f"  {label}: {name}" for label, name in matrix.legend.items()]
-    return "\n".join(lines) + "\n"

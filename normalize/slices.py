@@ -7,7 +7,8 @@ from typing import Any
 from discovery.model import Inventory
 
 from .devices import Device, build_devices
-from .options import MAX_DEVICES_PER_SLICE, MAX_DEVICES_PER_SLICE_RESTRICTED, NormalizeOptions
+from .limits import MAX_DEVICES_PER_SLICE, MAX_DEVICES_PER_SLICE_RESTRICTED
+from .options import NormalizeOptions
 from .validation import device_is_restricted
 
 API_VERSION = "resource.k8s.io/v1"

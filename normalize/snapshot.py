@@ -11,9 +11,10 @@ from typing import Any
 
 from discovery.model import Inventory
 
-from .devices import Device, build_devices, device_names
+from .devices import Device, build_devices
 from .graph import build_graph
 from .options import NormalizeOptions
+from .pool import PoolPlan, plan_pool
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,8 @@ class Snapshot:
     """``toposlice.graph/v1`` of the inventory."""
     vertex_devices: dict[str, str] = field(default_factory=dict)
     """Graph vertex id (``gpu:<bdf>``, ``nic:<bdf>``, ``cpu_group:<name>``) -> DRA device name."""
+    plan: PoolPlan | None = None
+    """The pool plan devices and graph were built from (which object is which device)."""
 
     @property
     def driver(self) -> str:
@@ -42,11 +45,13 @@ def build_snapshot(
     inv: Inventory, node_name: str, opts: NormalizeOptions | None = None
 ) -> Snapshot:
     opts = opts or NormalizeOptions()
+    plan = plan_pool(inv, opts)
     return Snapshot(
         inventory=inv,
         node_name=node_name,
         options=opts,
-        devices=tuple(build_devices(inv, opts)),
-        graph=build_graph(inv, opts),
-        vertex_devices=device_names(inv, opts),
+        devices=tuple(build_devices(inv, opts, plan)),
+        graph=build_graph(inv, opts, plan),
+        vertex_devices=plan.names,
+        plan=plan,
     )

@@ -3,7 +3,7 @@
 ``validate_slice`` returns a list of human-readable error strings (empty = valid) for the rules
 the API server applies to one ResourceSlice; ``validate_pool`` adds the pool-level checks the
 Go slice controller performs before publishing. See docs/attributes.md and the resource API
-reference (§2.1-2.3).
+reference.
 """
 
 from __future__ import annotations
@@ -13,20 +13,25 @@ from collections.abc import Sequence
 from typing import Any, TypeGuard
 
 from .attributes import LIST_KEYS, SEMVER_RE
+from .limits import (
+    INT64_MAX,
+    INT64_MIN,
+    MAX_ATTRIBUTE_VALUES,
+    MAX_ATTRS_AND_CAPACITY,
+    MAX_BINDING_CONDITIONS,
+    MAX_CONSUMES_COUNTERS,
+    MAX_COUNTERS,
+    MAX_DEVICES_PER_SLICE,
+    MAX_DEVICES_PER_SLICE_RESTRICTED,
+    MAX_DNS_LABEL,
+    MAX_DOMAIN_LENGTH,
+    MAX_ID_LENGTH,
+    MAX_POOL_NAME,
+    MAX_SHARED_COUNTERS,
+    MAX_STRING,
+    MAX_TAINTS,
+)
 
-MAX_DEVICES = 128
-MAX_DEVICES_RESTRICTED = 64
-MAX_ATTRS_AND_CAPACITY = 32
-MAX_ATTRIBUTE_VALUES = 48
-MAX_STRING = 64
-MAX_TAINTS = 16
-MAX_CONSUMES_COUNTERS = 2
-MAX_COUNTERS = 32
-MAX_SHARED_COUNTERS = 8
-MAX_BINDING_CONDITIONS = 4
-MAX_ID_LENGTH = 32
-MAX_DOMAIN_LENGTH = 63
-MAX_POOL_NAME = 253
 TAINT_EFFECTS = ("None", "NoSchedule", "NoExecute")
 VALUE_KEYS = ("int", "bool", "string", "version", "ints", "bools", "strings", "versions")
 
@@ -38,15 +43,17 @@ _QUANTITY_RE = re.compile(
     r"(?:Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E|[eE][+-]?[0-9]+)?$"
 )
 _CONDITION_TYPE_RE = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
-_INT64 = (-(2**63), 2**63 - 1)
+_INT64 = (INT64_MIN, INT64_MAX)
 
 
 def is_dns_label(value: Any) -> TypeGuard[str]:
-    return isinstance(value, str) and len(value) <= 63 and bool(_LABEL_RE.match(value))
+    return isinstance(value, str) and len(value) <= MAX_DNS_LABEL and bool(_LABEL_RE.match(value))
 
 
 def is_dns_subdomain(value: Any) -> TypeGuard[str]:
-    return isinstance(value, str) and len(value) <= 253 and bool(_SUBDOMAIN_RE.match(value))
+    return (
+        isinstance(value, str) and len(value) <= MAX_POOL_NAME and bool(_SUBDOMAIN_RE.match(value))
+    )
 
 
 def is_quantity(value: Any) -> TypeGuard[str]:
@@ -294,7 +301,7 @@ def validate_slice(obj: dict[str, Any]) -> list[str]:
     if not isinstance(devices, list):
         return [*errs, "spec.devices: must be a list"]
     restricted = any(isinstance(d, dict) and device_is_restricted(d) for d in devices)
-    limit = MAX_DEVICES_RESTRICTED if restricted else MAX_DEVICES
+    limit = MAX_DEVICES_PER_SLICE_RESTRICTED if restricted else MAX_DEVICES_PER_SLICE
     if len(devices) > limit:
         why = " (taints, counters or list attributes present)" if restricted else ""
         errs.append(f"spec.devices: {len(devices)} devices exceed the limit of {limit}{why}")

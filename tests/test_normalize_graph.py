@@ -8,10 +8,11 @@ import jsonschema
 import pytest
 
 from discovery.model import Inventory
-from normalize.graph import build_graph, graph_table, graph_to_dot
+from normalize.graph import build_graph
 from normalize.options import NormalizeOptions
 from normalize.slices import build_slices
 from tests.test_normalize_inventories import amd, dgx, gb200, snc
+from toposlice.render import graph_table, graph_to_dot
 
 SCHEMA = json.loads(
     (Path(__file__).resolve().parent.parent / "docs/schema/graph.schema.json").read_text()

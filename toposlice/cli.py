@@ -144,7 +144,8 @@ def _run(args: argparse.Namespace) -> int:
         dump(build_slices(inv, node, opts), args.output)
         return 0
 
-    from normalize.graph import build_graph, graph_table, graph_to_dot
+    from normalize.graph import build_graph
+    from toposlice.render import graph_table, graph_to_dot
 
     graph = build_graph(inv, opts)
     if args.output == "table":

@@ -1,0 +1,101 @@
+"""The names of every device attribute toposlice publishes: the standard
+``resource.kubernetes.io`` ones, the driver-domain ones and the legacy aliases.
+
+docs/attributes.md documents exactly these (``tests/test_attribute_names.py`` holds it).
+Unqualified names live in the driver's domain
+(``device.attributes["toposlice.dev"].<name>``).
+"""
+
+from __future__ import annotations
+
+STANDARD_DOMAIN = "resource.kubernetes.io"
+PCI_BUS_ID = f"{STANDARD_DOMAIN}/pciBusID"
+PCIE_ROOT = f"{STANDARD_DOMAIN}/pcieRoot"
+NUMA_NODE = f"{STANDARD_DOMAIN}/numaNode"
+STANDARD_ATTRIBUTES = (PCI_BUS_ID, PCIE_ROOT, NUMA_NODE)
+
+LEGACY_NIC_NUMA = "dra.net/numaNode"
+"""dranet / SR-IOV network driver alias of the kernel NUMA node (``legacy_aliases``)."""
+LEGACY_CPU_NUMA = "dra.cpu/numaNodeID"
+"""CPU DRA driver alias (``legacy_aliases``)."""
+LEGACY_ATTRIBUTES = (LEGACY_NIC_NUMA, LEGACY_CPU_NUMA)
+
+# Every device
+TYPE = "type"
+VENDOR = "vendor"
+MODEL = "model"
+# GPUs
+UUID = "uuid"
+INDEX = "index"
+MINOR = "minor"
+ARCHITECTURE = "architecture"
+COMPUTE_CAPABILITY = "computeCapability"
+DRIVER_VERSION = "driverVersion"
+MIG_MODE = "migMode"
+MEMORY_NUMA_NODE = "memoryNumaNode"
+NVLINK_VERSION = "nvlinkVersion"
+NVLINK_LINKS = "nvlinkLinks"
+NVLINK_DOMAIN = "nvlinkDomain"
+NVLINK_CLIQUE = "nvlinkClique"
+XGMI_HIVE = "xgmiHive"
+# GPUs and NICs
+PCIE_GEN = "pcieGen"
+PCIE_WIDTH = "pcieWidth"
+PCIE_BANDWIDTH_MBPS = "pcieBandwidthMBps"
+PCIE_SWITCH = "pcieSwitch"
+# NICs
+NETDEV = "netdev"
+RDMA_DEVICE = "rdmaDevice"
+LINK_LAYER = "linkLayer"
+SPEED_MBPS = "speedMbps"
+SRIOV_VF = "sriovVF"
+SRIOV_PF = "sriovPF"
+NODE_GUID = "nodeGuid"
+# CPU groups
+GROUPING = "grouping"
+PACKAGE = "package"
+L3_CACHE = "l3Cache"
+CORE = "core"
+CPU_LIST = "cpuList"
+PCIE_ROOTS = "pcieRoots"
+
+DRIVER_ATTRIBUTES = (
+    TYPE,
+    VENDOR,
+    MODEL,
+    UUID,
+    INDEX,
+    MINOR,
+    ARCHITECTURE,
+    COMPUTE_CAPABILITY,
+    DRIVER_VERSION,
+    MIG_MODE,
+    MEMORY_NUMA_NODE,
+    NVLINK_VERSION,
+    NVLINK_LINKS,
+    NVLINK_DOMAIN,
+    NVLINK_CLIQUE,
+    XGMI_HIVE,
+    PCIE_GEN,
+    PCIE_WIDTH,
+    PCIE_BANDWIDTH_MBPS,
+    PCIE_SWITCH,
+    NETDEV,
+    RDMA_DEVICE,
+    LINK_LAYER,
+    SPEED_MBPS,
+    SRIOV_VF,
+    SRIOV_PF,
+    NODE_GUID,
+    GROUPING,
+    PACKAGE,
+    L3_CACHE,
+    CORE,
+    CPU_LIST,
+    PCIE_ROOTS,
+)
+"""Driver-domain attribute names (unqualified)."""
+
+CAPACITY_MEMORY = "memory"
+CAPACITY_CPUS = "cpus"
+CAPACITIES = (CAPACITY_MEMORY, CAPACITY_CPUS)
