@@ -306,12 +306,33 @@ def _slice_validator(obj: dict[str, Any]) -> list[str]:
     return validate_slice(obj)
 
 
+def _slice_normalizer(obj: dict[str, Any]) -> None:
+    """Render taint timestamps as the API server does (RFC 3339, UTC, seconds)."""
+    import datetime
+
+    for dev in (obj.get("spec") or {}).get("devices") or []:
+        for taint in (dev.get("taints") or []) if isinstance(dev, dict) else []:
+            raw = taint.get("timeAdded") if isinstance(taint, dict) else None
+            if not isinstance(raw, str):
+                continue
+            try:
+                when = datetime.datetime.fromisoformat(raw.replace("Z", "+00:00"))
+            except ValueError:
+                continue
+            if when.tzinfo is None:
+                when = when.replace(tzinfo=datetime.UTC)
+            taint["timeAdded"] = when.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 class KubeAPIServer:
     """The server, its store, its fault plan and its request counters."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, validate: bool = True) -> None:
         self.host = host
-        self.store = Store({"resourceslices": _slice_validator} if validate else None)
+        self.store = Store(
+            {"resourceslices": _slice_validator} if validate else None,
+            {"resourceslices": _slice_normalizer},
+        )
         self.faults = FaultPlan()
         self.stopping = False
         self._counts_lock = threading.Lock()

@@ -103,12 +103,17 @@ class _Table:
 class Store:
     """Thread-safe; every method returns deep copies, never the stored objects."""
 
-    def __init__(self, validators: dict[str, Callable[[dict[str, Any]], list[str]]] | None = None):
+    def __init__(
+        self,
+        validators: dict[str, Callable[[dict[str, Any]], list[str]]] | None = None,
+        normalizers: dict[str, Callable[[dict[str, Any]], None]] | None = None,
+    ):
         self._lock = threading.Condition()
         self._rv = 0
         self._tables = {name: _Table() for name in RESOURCES}
         self._events: deque[WatchEvent] = deque(maxlen=EVENT_HISTORY)
         self.validators = validators or {}
+        self.normalizers = normalizers or {}
 
     # -- helpers -------------------------------------------------------------------------
 
@@ -155,6 +160,9 @@ class Store:
         return ApiError(404, "NotFound", f'{res.plural}.{res.group} "{name}" not found')
 
     def _validate(self, res: Resource, obj: dict[str, Any]) -> None:
+        normalize = self.normalizers.get(res.plural)
+        if normalize is not None:
+            normalize(obj)
         check = self.validators.get(res.plural)
         errs = check(obj) if check else []
         if errs:

@@ -1,0 +1,153 @@
+"""The Kubernetes API client the driver uses: built once, from a kubeconfig or in-cluster.
+
+Only the ``kubernetes`` client's ``ApiClient`` and ``ResourceV1Api`` are loaded:
+``CoreV1Api`` alone costs 0.6 s and 20 MiB to import, so the one Node read goes through
+``ApiClient.call_api``. Responses are read as JSON (``_preload_content=False``) rather
+than pydantic models: the publisher compares plain dicts, and parsing models would cost
+more than the request itself.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kubernetes.client import ApiClient
+
+#: (connect, read) seconds for every request: a hung API server must not hang the driver.
+REQUEST_TIMEOUT = (5.0, 30.0)
+
+
+class KubeConfigError(RuntimeError):
+    """No usable kubeconfig / in-cluster configuration."""
+
+
+class KubeUnavailable(RuntimeError):
+    """The API server did not answer (connection refused, timeout, 5xx)."""
+
+
+class NodeNotFound(LookupError):
+    """The Node named by ``--node-name`` does not exist."""
+
+
+@dataclass(frozen=True)
+class ApiFailure:
+    """What a failed request means for a retry loop."""
+
+    status: int | None
+    """HTTP status, or None when no answer came (connection refused, reset, timeout)."""
+    retry_after: float | None
+    message: str
+
+    @property
+    def conflict(self) -> bool:
+        return self.status == 409
+
+    @property
+    def not_found(self) -> bool:
+        return self.status == 404
+
+    @property
+    def transient(self) -> bool:
+        """Worth retrying after a backoff: no answer, 429, or a server error."""
+        return self.status is None or self.status == 429 or self.status >= 500
+
+
+def build_api_client(kubeconfig: str | None) -> ApiClient:
+    """An ``ApiClient`` from ``kubeconfig``, or the in-cluster service account when None."""
+    from kubernetes import config
+    from kubernetes.client import ApiClient, Configuration
+    from kubernetes.config.config_exception import ConfigException
+
+    cfg = Configuration()
+    try:
+        if kubeconfig:
+            config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+        else:
+            config.load_incluster_config(client_configuration=cfg)
+    except (ConfigException, OSError, ValueError) as exc:
+        where = f"kubeconfig {kubeconfig}" if kubeconfig else "in-cluster configuration"
+        raise KubeConfigError(f"cannot load {where}: {exc}") from exc
+    # Our loops retry with backoff; urllib3's own quick reconnects would only hide outages.
+    cfg.retries = 1
+    return ApiClient(cfg)
+
+
+def server_url(client: ApiClient) -> str:
+    return str(client.configuration.host)
+
+
+def failure(exc: BaseException) -> ApiFailure:
+    """Classify an exception raised by a request."""
+    from kubernetes.client.exceptions import ApiException
+
+    if isinstance(exc, ApiException):
+        headers = exc.headers or {}
+        retry_after: float | None = None
+        raw = headers.get("Retry-After") if hasattr(headers, "get") else None
+        if raw:
+            try:
+                retry_after = float(raw)
+            except ValueError:
+                retry_after = None
+        message = _status_message(exc.body) or str(exc.reason or "")
+        return ApiFailure(exc.status, retry_after, f"HTTP {exc.status}: {message}")
+    return ApiFailure(None, None, f"{type(exc).__name__}: {exc}")
+
+
+def _status_message(body: Any) -> str:
+    if not body:
+        return ""
+    try:
+        data = json.loads(body)
+    except (TypeError, ValueError):
+        return str(body)[:200]
+    return str(data.get("message", "")) if isinstance(data, dict) else ""
+
+
+def request_json(
+    client: ApiClient,
+    method: str,
+    path: str,
+    body: Any = None,
+    query: list[tuple[str, str]] | None = None,
+) -> Any:
+    """One request on the client's connection pool, the answer parsed as JSON.
+
+    Raises ``kubernetes.client.ApiException`` for non-2xx answers, like the typed calls.
+    """
+    from kubernetes.client.exceptions import ApiException
+
+    method_, url, headers, body_, _post = client.param_serialize(
+        method,
+        path,
+        query_params=query or [],
+        header_params={"Accept": "application/json", "Content-Type": "application/json"},
+        body=body,
+        auth_settings=["BearerToken"],
+    )
+    resp = client.call_api(method_, url, headers, body_, _request_timeout=REQUEST_TIMEOUT)
+    data = resp.read()
+    if not 200 <= resp.status <= 299:
+        raise ApiException(http_resp=resp)
+    return json.loads(data) if data else None
+
+
+def get_node(client: ApiClient, name: str) -> dict[str, Any]:
+    """The Node object; :class:`NodeNotFound` or :class:`KubeUnavailable` with one clear line."""
+    from urllib.parse import quote
+
+    try:
+        node: dict[str, Any] = request_json(client, "GET", f"/api/v1/nodes/{quote(name)}")
+    except Exception as exc:
+        f = failure(exc)
+        if f.not_found:
+            raise NodeNotFound(f"node {name!r} not found at {server_url(client)}") from exc
+        if f.status is None or f.transient:
+            raise KubeUnavailable(
+                f"API server {server_url(client)} unreachable: {f.message}"
+            ) from exc
+        raise KubeUnavailable(f"API server {server_url(client)} refused: {f.message}") from exc
+    return node

@@ -1,0 +1,448 @@
+"""Publish the node's pool as resource.k8s.io/v1 ResourceSlices, writing only what changed.
+
+One pool named after the node; every slice owned by the Node (so slices go with it) and
+named ``<index hex>-<driver>-<node>-<random>`` as the 1.36+ Go slice controller does. A
+reconcile lists this driver's slices on this node, diffs them against the desired pool and
+writes the difference:
+
+- nothing differs: no write at all (steady state, restarts with unchanged hardware);
+- slices of another pool, with an unparsable name, a duplicate or surplus index, or an
+  older generation: deleted (UID + resourceVersion preconditions), never another driver's;
+- content changed in exactly one slice of a multi-slice pool: that slice is updated in
+  place at the same generation (the Go controller's rule: one write, pool never
+  incomplete); any other content change bumps the generation and rewrites every slice
+  (a one-slice pool therefore gets generation+1 in one write);
+- missing slices (first start, kubelet wiped them, someone deleted one): created.
+
+Conflicts (409) re-read and retry at once; 429, 5xx and no answer back off exponentially
+with jitter (honouring ``Retry-After``), capped, logged, forever: an API outage is waited
+out, not fatal. A resync every ``resync_seconds`` restores slices that were deleted or
+edited behind the driver's back.
+
+Taints are compared without ``timeAdded`` (the server re-renders timestamps) and an
+existing taint keeps its ``timeAdded``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import re
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from normalize.options import MAX_DEVICES_PER_SLICE
+from normalize.slices import API_VERSION, KIND, slice_name_prefix, split_devices
+
+from .kube import REQUEST_TIMEOUT, ApiFailure, NodeNotFound, failure, get_node
+
+if TYPE_CHECKING:
+    from kubernetes.client import ApiClient
+
+Device = dict[str, Any]
+Taint = dict[str, str]
+
+log = logging.getLogger("toposlice.publisher")
+
+MAX_CONFLICT_RETRIES = 5
+
+
+class PublishError(RuntimeError):
+    def __init__(self, what: str, fail: ApiFailure) -> None:
+        super().__init__(f"{what}: {fail.message}")
+        self.failure = fail
+
+
+class _Restart(Exception):
+    """A write hit a conflict: list again and recompute."""
+
+
+@dataclass(frozen=True)
+class ReconcileResult:
+    writes: int
+    generation: int
+    slices: int
+
+
+def _taint_key(t: Mapping[str, Any]) -> tuple[str, str, str]:
+    return (str(t.get("key", "")), str(t.get("value") or ""), str(t.get("effect", "")))
+
+
+def _comparable(device: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(device)
+    taints = out.pop("taints", None)
+    if taints:
+        out["taints"] = sorted(_taint_key(t) for t in taints)
+    return out
+
+
+def _keep_time_added(desired: Device, existing: Mapping[str, Any] | None) -> Device:
+    """The desired device with each taint's ``timeAdded`` taken from the published one."""
+    taints = desired.get("taints")
+    if not taints:
+        return desired
+    old = {_taint_key(t): t.get("timeAdded") for t in (existing or {}).get("taints") or []}
+    new = []
+    for t in taints:
+        t = dict(t)
+        if old.get(_taint_key(t)):
+            t["timeAdded"] = old[_taint_key(t)]
+        new.append(t)
+    return {**desired, "taints": new}
+
+
+class SlicePublisher:
+    """Keeps the node's pool in the API server equal to the desired devices."""
+
+    def __init__(
+        self,
+        client: ApiClient,
+        driver: str,
+        node_name: str,
+        *,
+        max_devices_per_slice: int = MAX_DEVICES_PER_SLICE,
+        resync_seconds: float = 10.0,
+        backoff_base: float = 0.5,
+        backoff_max: float = 30.0,
+        rng: random.Random | None = None,
+        on_change: Callable[[], None] | None = None,
+    ) -> None:
+        from kubernetes.client import ResourceV1Api
+
+        self.client = client
+        self.api = ResourceV1Api(client)
+        self.driver = driver
+        self.node_name = node_name
+        self.max_devices_per_slice = max_devices_per_slice
+        self.resync_seconds = resync_seconds
+        self.backoff_base = backoff_base
+        self.backoff_max = backoff_max
+        self.rng = rng or random.Random()
+        self.on_change = on_change
+        self._name_re = re.compile(
+            rf"^([0-9a-f]{{5,}})-{re.escape(driver)}-{re.escape(node_name)}-[a-z0-9]{{5}}$"
+        )
+        self._cond = threading.Condition()
+        self._devices: list[Device] | None = None
+        self._taints: dict[str, list[Taint]] = {}
+        self._dirty = False
+        self._node_uid: str | None = None
+        self.writes: Counter[str] = Counter()
+        """Write requests sent, by verb (create/update/delete), including failed ones."""
+        self.reconciles = 0
+        self.synced = False
+        """The last reconcile left the API server equal to the desired pool."""
+        self.last_error = ""
+        self.generation = 0
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    # -- desired state -------------------------------------------------------------------
+
+    def set_devices(
+        self,
+        devices: Sequence[Device],
+        taints: Mapping[str, Sequence[Taint]] | None = None,
+    ) -> bool:
+        """Set the pool's devices (API JSON form) and their taints; True if that changed
+        anything, in which case the publishing loop reconciles at once."""
+        new_devices = [dict(d) for d in devices]
+        new_taints = {k: [dict(t) for t in v] for k, v in (taints or {}).items() if v}
+        with self._cond:
+            if new_devices == self._devices and new_taints == self._taints:
+                return False
+            self._devices, self._taints = new_devices, new_taints
+            self._dirty = True
+            self.synced = False
+            self._cond.notify_all()
+        return True
+
+    def set_taints(self, taints: Mapping[str, Sequence[Taint]]) -> bool:
+        with self._cond:
+            devices = list(self._devices or [])
+        return self.set_devices(devices, taints)
+
+    def desired_chunks(self) -> list[list[Device]] | None:
+        with self._cond:
+            if self._devices is None:
+                return None
+            devices = []
+            for dev in self._devices:
+                taints = self._taints.get(dev["name"])
+                devices.append({**dev, "taints": taints} if taints else dev)
+        return split_devices(devices, self.max_devices_per_slice)
+
+    # -- one reconcile -------------------------------------------------------------------
+
+    def reconcile(self) -> ReconcileResult:
+        """List, diff, write; retries conflicts. Raises :class:`PublishError` otherwise."""
+        chunks = self.desired_chunks()
+        if chunks is None:
+            raise RuntimeError("reconcile before set_devices")
+        for _attempt in range(MAX_CONFLICT_RETRIES):
+            try:
+                result = self._reconcile(chunks)
+            except _Restart:
+                continue
+            self.reconciles += 1
+            self.generation = result.generation
+            return result
+        raise PublishError(
+            "reconcile", ApiFailure(409, None, f"conflicts {MAX_CONFLICT_RETRIES} times in a row")
+        )
+
+    def _call(self, what: str, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
+        try:
+            resp = fn(*args, _preload_content=False, _request_timeout=REQUEST_TIMEOUT, **kw)
+        except Exception as exc:
+            f = failure(exc)
+            if f.conflict:
+                log.info("%s: conflict, re-reading", what)
+                raise _Restart() from exc
+            raise PublishError(what, f) from exc
+        data = resp.data
+        return json.loads(data) if data else None
+
+    def _owner(self, refresh: bool) -> dict[str, Any]:
+        if self._node_uid is None or refresh:
+            try:
+                node = get_node(self.client, self.node_name)
+            except NodeNotFound as exc:
+                raise PublishError("get node", ApiFailure(404, None, str(exc))) from exc
+            except Exception as exc:
+                raise PublishError("get node", ApiFailure(None, None, str(exc))) from exc
+            self._node_uid = node["metadata"]["uid"]
+        return {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "name": self.node_name,
+            "uid": self._node_uid,
+            "controller": True,
+        }
+
+    def _index(self, obj: Mapping[str, Any]) -> int | None:
+        m = self._name_re.match(str((obj.get("metadata") or {}).get("name", "")))
+        return int(m.group(1), 16) if m else None
+
+    def _reconcile(self, chunks: list[list[Device]]) -> ReconcileResult:
+        selector = f"spec.driver={self.driver},spec.nodeName={self.node_name}"
+        listed = self._call("list slices", self.api.list_resource_slice, field_selector=selector)
+        items: list[dict[str, Any]] = listed.get("items") or []
+        count = len(chunks)
+        owner = self._owner(refresh=False)
+
+        ours = [
+            s for s in items if (s.get("spec") or {}).get("pool", {}).get("name") == self.node_name
+        ]
+        obsolete = [s for s in items if s not in ours]
+        generation = max((int(s["spec"]["pool"].get("generation", 0)) for s in ours), default=0)
+        by_index: dict[int, dict[str, Any]] = {}
+        for s in sorted(ours, key=lambda s: s["metadata"]["name"]):
+            idx = self._index(s)
+            if (
+                idx is None
+                or idx >= count
+                or idx in by_index
+                or int(s["spec"]["pool"].get("generation", 0)) < generation
+            ):
+                obsolete.append(s)
+            else:
+                by_index[idx] = s
+
+        writes = 0
+        for s in obsolete:
+            self._delete(s)
+            writes += 1
+
+        changed = [i for i, s in by_index.items() if not self._same(s, chunks[i], count, owner)]
+        missing = [i for i in range(count) if i not in by_index]
+        if not changed and not missing:
+            return ReconcileResult(writes, generation, count)
+        if missing:
+            owner = self._owner(refresh=True)  # the Node may have been re-created
+        in_place = count > 1 and len(changed) == 1 and not missing and generation > 0
+        new_gen = generation if in_place else generation + 1
+        for i in sorted(by_index) if not in_place else changed:
+            self._update(by_index[i], i, count, chunks[i], new_gen, owner)
+            writes += 1
+        for i in missing:
+            self._create(i, count, chunks[i], new_gen, owner)
+            writes += 1
+        if self.on_change is not None:
+            self.on_change()
+        return ReconcileResult(writes, new_gen, count)
+
+    def _same(
+        self,
+        existing: Mapping[str, Any],
+        devices: list[Device],
+        count: int,
+        owner: Mapping[str, Any],
+    ) -> bool:
+        spec = existing.get("spec") or {}
+        pool = spec.get("pool") or {}
+        if pool.get("resourceSliceCount") != count or spec.get("nodeName") != self.node_name:
+            return False
+        if any(k in spec for k in ("nodeSelector", "allNodes", "perDeviceNodeSelection")):
+            return False
+        refs = (existing.get("metadata") or {}).get("ownerReferences") or []
+        if not any(r.get("uid") == owner["uid"] and r.get("kind") == "Node" for r in refs):
+            return False
+        published = spec.get("devices") or []
+        return len(published) == len(devices) and all(
+            _comparable(a) == _comparable(b) for a, b in zip(published, devices, strict=True)
+        )
+
+    def _spec(self, devices: list[Device], count: int, generation: int) -> dict[str, Any]:
+        return {
+            "driver": self.driver,
+            "pool": {"name": self.node_name, "generation": generation, "resourceSliceCount": count},
+            "nodeName": self.node_name,
+            "devices": devices,
+        }
+
+    def _create(
+        self, index: int, count: int, devices: list[Device], generation: int, owner: dict[str, Any]
+    ) -> None:
+        body = {
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "metadata": {
+                "generateName": slice_name_prefix(index, count, self.driver, self.node_name),
+                "ownerReferences": [owner],
+            },
+            "spec": self._spec(devices, count, generation),
+        }
+        self.writes["create"] += 1
+        self._call("create slice", self.api.create_resource_slice, body)
+
+    def _update(
+        self,
+        existing: dict[str, Any],
+        index: int,
+        count: int,
+        devices: list[Device],
+        generation: int,
+        owner: dict[str, Any],
+    ) -> None:
+        meta = existing["metadata"]
+        old_devices = {d.get("name"): d for d in (existing.get("spec") or {}).get("devices") or []}
+        devices = [_keep_time_added(d, old_devices.get(d["name"])) for d in devices]
+        refs = [
+            r
+            for r in meta.get("ownerReferences") or []
+            if not (r.get("kind") == "Node" and r.get("apiVersion") == "v1")
+        ]
+        new_meta = {k: v for k, v in meta.items() if k not in ("managedFields",)}
+        new_meta["ownerReferences"] = [owner, *refs]
+        body = {
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "metadata": new_meta,
+            "spec": self._spec(devices, count, generation),
+        }
+        self.writes["update"] += 1
+        self._call("update slice", self.api.replace_resource_slice, meta["name"], body)
+
+    def _delete(self, existing: Mapping[str, Any]) -> None:
+        from kubernetes.client import V1DeleteOptions, V1Preconditions
+
+        meta = existing["metadata"]
+        pre = V1Preconditions(uid=meta.get("uid"), resource_version=meta.get("resourceVersion"))
+        self.writes["delete"] += 1
+        try:
+            self._call(
+                "delete slice",
+                self.api.delete_resource_slice,
+                meta["name"],
+                body=V1DeleteOptions(preconditions=pre),
+            )
+        except PublishError as exc:
+            if not exc.failure.not_found:
+                raise
+
+    # -- the loop ------------------------------------------------------------------------
+
+    def backoff(self, attempt: int, fail: ApiFailure | None) -> float:
+        """Capped exponential backoff with jitter; ``Retry-After`` wins when given."""
+        if fail is not None and fail.retry_after is not None:
+            return min(self.backoff_max, max(0.0, fail.retry_after))
+        ceiling = min(self.backoff_max, self.backoff_base * (2 ** min(attempt, 30)))
+        return ceiling * (0.5 + 0.5 * self.rng.random())
+
+    def run(self, stop: threading.Event | None = None) -> None:
+        """Reconcile on every change and every ``resync_seconds`` until ``stop`` is set."""
+        stop = stop or self._stop
+        failures = 0
+        while not stop.is_set():
+            with self._cond:
+                self._dirty = False
+            delay = self.resync_seconds
+            if self.desired_chunks() is not None:
+                try:
+                    result = self.reconcile()
+                    if result.writes:
+                        log.info(
+                            "published pool %s generation %d: %d slice(s), %d write(s)",
+                            self.node_name,
+                            result.generation,
+                            result.slices,
+                            result.writes,
+                        )
+                    if failures:
+                        log.info("API server answers again after %d failed attempt(s)", failures)
+                    failures = 0
+                    self.last_error = ""
+                    with self._cond:
+                        self.synced = not self._dirty
+                except PublishError as exc:
+                    delay = self.backoff(failures, exc.failure)
+                    failures += 1
+                    self.synced = False
+                    self.last_error = str(exc)
+                    level = logging.WARNING if exc.failure.transient else logging.ERROR
+                    log.log(level, "publishing failed (%s); retrying in %.1f s", exc, delay)
+                except Exception as exc:  # never let the publishing thread die
+                    delay = self.backoff(failures, None)
+                    failures += 1
+                    self.synced = False
+                    self.last_error = f"{type(exc).__name__}: {exc}"
+                    log.exception("publishing failed unexpectedly; retrying in %.1f s", delay)
+            # While failing, a new desired state does not cut the backoff short.
+            self._wait(stop, delay, wake_on_change=failures == 0)
+
+    def _wait(self, stop: threading.Event, seconds: float, wake_on_change: bool) -> None:
+        deadline = time.monotonic() + seconds
+        with self._cond:
+            while not (self._dirty and wake_on_change) and not stop.is_set():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                self._cond.wait(min(left, 0.5))
+
+    def start(self) -> threading.Thread:
+        self._stop.clear()
+        self._thread = threading.Thread(target=self.run, name="slice-publisher", daemon=True)
+        self._thread.start()
+        return self._thread
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop the loop; the published slices stay (a restart must not wipe the pool)."""
+        self._stop.set()
+        with self._cond:
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def wait_synced(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.synced:
+                return True
+            time.sleep(0.02)
+        return self.synced
