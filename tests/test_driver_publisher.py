@@ -232,7 +232,7 @@ def test_outage_is_waited_out(
     pub.start()
     try:
         time.sleep(0.5)
-        assert not pub.synced and "unreachable" not in pub.last_error.lower() or pub.last_error
+        assert (not pub.synced and "unreachable" not in pub.last_error.lower()) or pub.last_error
         assert wait_for(lambda: pub.synced, 10)
         assert len(pool(api)) == 1
         # An outage after publishing changes nothing on the server.
