@@ -16,8 +16,11 @@ def temp_prefix(final_name: str) -> str:
     return f".{final_name}."
 
 
-def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
-    """temp file in the same directory + fsync + rename + fsync of the directory."""
+def write_atomic(path: Path, data: bytes, mode: int = 0o644, *, sync: bool = True) -> None:
+    """temp file in the same directory + fsync + rename + fsync of the directory.
+
+    ``sync=False`` keeps the rename (readers and a kill -9 still see whole files only) but
+    skips the fsyncs, for state that a reboot invalidates anyway."""
     directory = path.parent
     directory.mkdir(parents=True, exist_ok=True)
     fd, tmp = _mkstemp(directory, path.name)
@@ -26,12 +29,14 @@ def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
             fh.write(data)
             fh.flush()
             os.fchmod(fh.fileno(), mode)
-            os.fsync(fh.fileno())
+            if sync:
+                os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
         remove_quiet(Path(tmp))
         raise
-    fsync_dir(directory)
+    if sync:
+        fsync_dir(directory)
 
 
 def _mkstemp(directory: Path, name: str) -> tuple[int, str]:

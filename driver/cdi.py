@@ -105,5 +105,5 @@ def build_spec(
     return spec
 
 
-def write_spec(path: Path, spec: dict[str, Any]) -> None:
-    write_atomic(path, json.dumps(spec).encode() + b"\n", mode=0o644)
+def write_spec(path: Path, spec: dict[str, Any], *, sync: bool = True) -> None:
+    write_atomic(path, json.dumps(spec).encode() + b"\n", mode=0o644, sync=sync)

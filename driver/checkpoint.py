@@ -132,7 +132,9 @@ def load_checkpoint(path: Path, boot_id: str) -> tuple[dict[str, ClaimRecord], L
     return claims, "ok"
 
 
-def save_checkpoint(path: Path, boot_id: str, claims: dict[str, ClaimRecord]) -> None:
+def save_checkpoint(
+    path: Path, boot_id: str, claims: dict[str, ClaimRecord], *, sync: bool = True
+) -> None:
     data = {
         "version": CHECKPOINT_VERSION,
         "bootId": boot_id,
@@ -140,4 +142,4 @@ def save_checkpoint(path: Path, boot_id: str, claims: dict[str, ClaimRecord]) ->
     }
     text = _canonical(data)  # serialized once: the checksum covers exactly these bytes
     doc = f'{{"checksum":"{_checksum(text)}","data":{text}}}\n'
-    write_atomic(path, doc.encode(), mode=0o600)
+    write_atomic(path, doc.encode(), mode=0o600, sync=sync)

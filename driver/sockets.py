@@ -26,6 +26,8 @@ from pathlib import Path
 
 import grpc
 
+from .grpc_logging import LoggingInterceptor
+
 log = logging.getLogger(__name__)
 
 SOCKET_MODE = 0o660
@@ -101,7 +103,7 @@ def serve_unix(
         bind_path = path
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc"),
-        interceptors=interceptors,
+        interceptors=(LoggingInterceptor(), *interceptors),
         options=[("grpc.so_reuseport", 0)],
     )
     register(server)

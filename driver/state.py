@@ -48,6 +48,7 @@ log = logging.getLogger(__name__)
 
 CHECKPOINT_FILE = "checkpoint.json"
 TOPO_DIR = "nccl"
+_LOCK_STRIPES = 64
 _UID = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,126}[A-Za-z0-9])?$")
 
 
@@ -99,6 +100,7 @@ class DriverState:
         snapshot_fn: Callable[[], Snapshot | None],
         *,
         fail_point: FailPoint = _no_fail,
+        sync: bool | None = None,
     ) -> None:
         self.driver = driver_name
         self.pool = node_name
@@ -114,8 +116,17 @@ class DriverState:
         for d in (self.cdi_root, self.state_dir, self.topo_dir):
             d.mkdir(parents=True, exist_ok=True)
         self.boot_id = read_boot_id(Path(root_path))
+        self.sync = not self.boot_id if sync is None else sync
+        """fsync every write? Not needed when the boot id is known: power loss means a
+        reboot, a reboot discards the checkpoint and every file it owns, and against a
+        killed process the atomic rename alone is enough. Without a boot id the state
+        may outlive a reboot, so then every write is made durable."""
         self._lock = threading.Lock()
-        self._claim_locks: dict[str, threading.Lock] = {}
+        """Guards ``_claims`` and ``_version`` (held briefly, never across I/O)."""
+        self._flush_lock = threading.Lock()
+        self._version = 0
+        self._durable = 0
+        self._claim_locks = [threading.Lock() for _ in range(_LOCK_STRIPES)]
         claims, status = load_checkpoint(self.checkpoint_path, self.boot_id)
         self.load_status: LoadStatus = status
         self._claims: dict[str, ClaimRecord] = claims
@@ -179,8 +190,9 @@ class DriverState:
     # -- prepare ----------------------------------------------------------------------
 
     def _claim_lock(self, uid: str) -> threading.Lock:
-        with self._lock:
-            return self._claim_locks.setdefault(uid, threading.Lock())
+        """Calls for one claim run one at a time; a fixed set of locks keeps memory flat
+        however many claims come and go."""
+        return self._claim_locks[hash(uid) % _LOCK_STRIPES]
 
     def _prepare_one(self, ref: ClaimRef) -> tuple[PreparedDevice, ...]:
         if not _UID.match(ref.uid):
@@ -193,35 +205,35 @@ class DriverState:
                 log.warning("claim %s: files missing, preparing again", _label(ref))
             try:
                 plan = self._plan(ref)
-                self._check_overlap(ref.uid, plan.devices)
+                files = []
+                if plan.topo_xml is not None:
+                    files.append(str(self.topo_path(ref.uid)))
+                if plan.spec is not None:
+                    files.append(str(self.spec_path(ref.uid)))
+                intent = ClaimRecord(
+                    uid=ref.uid,
+                    namespace=ref.namespace,
+                    name=ref.name,
+                    state="PrepareStarted",
+                    devices=plan.devices,
+                    files=tuple(files),
+                )
+                self._put(intent, exclusive=True)
             except ClaimError:
                 if rec is not None:  # a crash left a half-prepared claim: leave nothing
                     self._undo(rec)
                 raise
-            files = []
-            if plan.topo_xml is not None:
-                files.append(str(self.topo_path(ref.uid)))
-            if plan.spec is not None:
-                files.append(str(self.spec_path(ref.uid)))
-            intent = ClaimRecord(
-                uid=ref.uid,
-                namespace=ref.namespace,
-                name=ref.name,
-                state="PrepareStarted",
-                devices=plan.devices,
-                files=tuple(files),
-            )
             stale = [p for p in (rec.files if rec else ()) if p not in intent.files]
-            self._put(intent)
             self._fail("intent")
             try:
                 for p in stale:
                     remove_quiet(Path(p))
                 if plan.topo_xml is not None:
-                    write_atomic(self.topo_path(ref.uid), plan.topo_xml.encode(), mode=0o644)
+                    topo = plan.topo_xml.encode()
+                    write_atomic(self.topo_path(ref.uid), topo, mode=0o644, sync=self.sync)
                 self._fail("topology")
                 if plan.spec is not None:
-                    cdi.write_spec(self.spec_path(ref.uid), plan.spec)
+                    cdi.write_spec(self.spec_path(ref.uid), plan.spec, sync=self.sync)
                 self._fail("spec")
                 self._put(replace(intent, state="PrepareCompleted"))
             except Exception:
@@ -326,7 +338,8 @@ class DriverState:
 
     def _check_overlap(self, uid: str, devices: Iterable[PreparedDevice]) -> None:
         """A device prepared for another claim is refused unless both sides share it
-        (admin access or a multi-allocation share id)."""
+        (admin access or a multi-allocation share id). Called under ``_lock``, together
+        with recording the intent, so two claims racing for one device cannot both win."""
         mine = {d.device: d for d in devices}
         for rec in self._claims.values():
             if rec.uid == uid:
@@ -365,12 +378,18 @@ class DriverState:
 
     # -- checkpoint -------------------------------------------------------------------
 
-    def _put(self, rec: ClaimRecord) -> None:
+    def _put(self, rec: ClaimRecord, *, exclusive: bool = False) -> None:
+        """Record ``rec`` and return once it is on disk (``exclusive``: refuse devices
+        another claim holds)."""
         with self._lock:
+            if exclusive:
+                self._check_overlap(rec.uid, rec.devices)
             claims = dict(self._claims)
             claims[rec.uid] = rec
-            save_checkpoint(self.checkpoint_path, self.boot_id, claims)
             self._claims = claims
+            self._version += 1
+            version = self._version
+        self._flush(version)
 
     def _drop(self, uid: str) -> None:
         with self._lock:
@@ -378,8 +397,22 @@ class DriverState:
                 return
             claims = dict(self._claims)
             del claims[uid]
-            save_checkpoint(self.checkpoint_path, self.boot_id, claims)
             self._claims = claims
+            self._version += 1
+            version = self._version
+        self._flush(version)
+
+    def _flush(self, version: int) -> None:
+        """Group commit: whoever holds the flush lock writes the newest state, which covers
+        every change made before it; callers whose change is already covered return at
+        once. Concurrent calls share one fsync instead of queueing for one each."""
+        with self._flush_lock:
+            if self._durable >= version:
+                return
+            with self._lock:
+                claims, newest = self._claims, self._version
+            save_checkpoint(self.checkpoint_path, self.boot_id, claims, sync=self.sync)
+            self._durable = newest
 
     def _reconcile(self) -> None:
         """At start: remove leftover temp files and the spec/topology files no record owns
@@ -392,7 +425,7 @@ class DriverState:
                 if entry.startswith(temp_prefix) and entry.endswith(TEMP_SUFFIX):
                     remove_quiet(directory / entry)
         if self.load_status == "corrupt":
-            save_checkpoint(self.checkpoint_path, self.boot_id, self._claims)
+            save_checkpoint(self.checkpoint_path, self.boot_id, self._claims, sync=self.sync)
             return
         owned = {f for rec in self._claims.values() for f in rec.files}
         owned |= {str(p) for uid in self._claims for p in self._owned_paths(uid)}
@@ -407,7 +440,7 @@ class DriverState:
             if entry.endswith(".xml") and str(path) not in owned:
                 remove_quiet(path)
         if self.load_status != "ok":
-            save_checkpoint(self.checkpoint_path, self.boot_id, self._claims)
+            save_checkpoint(self.checkpoint_path, self.boot_id, self._claims, sync=self.sync)
 
 
 def _label(ref: ClaimRef) -> str:

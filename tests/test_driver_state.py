@@ -471,3 +471,20 @@ def test_min_cdi_version() -> None:
         cdi.build_spec(kind, {"a/b": {"env": ["A=1"]}})
     with pytest.raises(ValueError, match="invalid CDI kind"):
         cdi.check_kind("9vendor/claim")
+
+
+def test_writes_are_fsynced_only_when_state_can_outlive_a_reboot(
+    tmp_path: Path, reader: FakeClaims, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    synced: list[int] = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real(fd))[1])
+    c = reader.add(claim("u-1", gpus(1)))
+    state = make_state(tmp_path / "a", reader)
+    assert state.sync is False
+    state.prepare([ref(c)])
+    assert synced == []
+    unknown_boot = make_state(tmp_path / "b", reader, boot_id=None)
+    assert unknown_boot.sync is True
+    unknown_boot.prepare([ref(c)])
+    assert len(synced) >= 4  # intent, topology, spec, commit (and their directories)
