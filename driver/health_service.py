@@ -96,22 +96,19 @@ class HealthService:
                     break
 
 
-class _V1alpha1(drahealth_v1alpha1_pb2_grpc.DRAResourceHealthServicer):
-    def __init__(self, service: HealthService) -> None:
+class _Servicer:
+    def __init__(self, service: HealthService, pb: ModuleType) -> None:
         self.service = service
+        self.pb = pb
 
     def NodeWatchResources(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
-        return self.service.watch(context, drahealth_v1alpha1_pb2)
-
-
-class _V1(drahealth_v1_pb2_grpc.DRAResourceHealthServicer):
-    def __init__(self, service: HealthService) -> None:
-        self.service = service
-
-    def NodeWatchResources(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
-        return self.service.watch(context, drahealth_v1_pb2)
+        return self.service.watch(context, self.pb)
 
 
 def add_health_service(server: grpc.Server, service: HealthService) -> None:
-    drahealth_v1alpha1_pb2_grpc.add_DRAResourceHealthServicer_to_server(_V1alpha1(service), server)
-    drahealth_v1_pb2_grpc.add_DRAResourceHealthServicer_to_server(_V1(service), server)
+    drahealth_v1alpha1_pb2_grpc.add_DRAResourceHealthServicer_to_server(
+        _Servicer(service, drahealth_v1alpha1_pb2), server
+    )
+    drahealth_v1_pb2_grpc.add_DRAResourceHealthServicer_to_server(
+        _Servicer(service, drahealth_v1_pb2), server
+    )

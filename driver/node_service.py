@@ -37,7 +37,7 @@ def _refs(request: Any) -> list[ClaimRef]:
 
 
 class NodeService:
-    """One handler object; ``for_version`` gives the servicer of one API version."""
+    """One handler for both API versions; ``pb`` is the called version's message module."""
 
     def __init__(self, state: ClaimState) -> None:
         self.state = state
@@ -84,31 +84,26 @@ def _device(pb: ModuleType, dev: PreparedDevice) -> Any:
     return out
 
 
-class _V1(dra_v1_pb2_grpc.DRAPluginServicer):
-    def __init__(self, service: NodeService) -> None:
+class _Servicer:
+    """The DRAPlugin servicer of one API version (the generated servicer bases only raise
+    UNIMPLEMENTED; the registration helpers look the two methods up by name)."""
+
+    def __init__(self, service: NodeService, pb: ModuleType) -> None:
         self.service = service
+        self.pb = pb
 
     def NodePrepareResources(self, request: Any, context: grpc.ServicerContext) -> Any:
-        return self.service.prepare(request, dra_v1_pb2)
+        return self.service.prepare(request, self.pb)
 
     def NodeUnprepareResources(self, request: Any, context: grpc.ServicerContext) -> Any:
-        return self.service.unprepare(request, dra_v1_pb2)
-
-
-class _V1beta1(dra_v1beta1_pb2_grpc.DRAPluginServicer):
-    def __init__(self, service: NodeService) -> None:
-        self.service = service
-
-    def NodePrepareResources(self, request: Any, context: grpc.ServicerContext) -> Any:
-        return self.service.prepare(request, dra_v1beta1_pb2)
-
-    def NodeUnprepareResources(self, request: Any, context: grpc.ServicerContext) -> Any:
-        return self.service.unprepare(request, dra_v1beta1_pb2)
+        return self.service.unprepare(request, self.pb)
 
 
 def add_node_service(server: grpc.Server, state: ClaimState) -> NodeService:
     """Register the v1 and v1beta1 DRAPlugin services, both backed by ``state``."""
     service = NodeService(state)
-    dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(_V1(service), server)
-    dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(_V1beta1(service), server)
+    dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(_Servicer(service, dra_v1_pb2), server)
+    dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(
+        _Servicer(service, dra_v1beta1_pb2), server
+    )
     return service

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,14 @@ SCHEMA = json.loads((REPO / "tests" / "data" / "cdi-schema.json").read_text())
 
 class SimulatedCrash(BaseException):
     """Stands for kill -9: not an Exception, so no cleanup path catches it."""
+
+
+def crash_at(step: str) -> Callable[[str], None]:
+    def fail_point(at: str) -> None:
+        if at == step:
+            raise SimulatedCrash(at)
+
+    return fail_point
 
 
 def ref(obj: dict[str, Any], uid: str | None = None) -> ClaimRef:
@@ -289,12 +298,8 @@ def test_crash_during_prepare_is_repaired_by_the_next_call(
     c = reader.add(claim("u-1", gpus(2) + nics(1)))
     expected = make_state(tmp_path / "ref", reader).prepare([ref(c)])["u-1"]
 
-    def crash(at: str) -> None:
-        if at == step:
-            raise SimulatedCrash(at)
-
     with pytest.raises(SimulatedCrash):
-        make_state(tmp_path, reader, fail_point=crash).prepare([ref(c)])
+        make_state(tmp_path, reader, fail_point=crash_at(step)).prepare([ref(c)])
     assert load_checkpoint(tmp_path / "state/checkpoint.json", "boot-1")[0]["u-1"].state == (
         "PrepareStarted"
     )
@@ -311,12 +316,8 @@ def test_crash_during_prepare_of_a_vanished_claim_leaves_nothing(
 ) -> None:
     c = reader.add(claim("u-1", gpus(1)))
 
-    def crash(at: str) -> None:
-        if at == "spec":
-            raise SimulatedCrash(at)
-
     with pytest.raises(SimulatedCrash):
-        make_state(tmp_path, reader, fail_point=crash).prepare([ref(c)])
+        make_state(tmp_path, reader, fail_point=crash_at("spec")).prepare([ref(c)])
     reader.claims.clear()
     restarted = make_state(tmp_path, reader)
     assert "not found" in restarted.prepare([ref(c)])["u-1"].error
@@ -328,12 +329,8 @@ def test_crash_during_unprepare_is_repaired(tmp_path: Path, reader: FakeClaims) 
     c = reader.add(claim("u-1", gpus(1)))
     make_state(tmp_path, reader).prepare([ref(c)])
 
-    def crash(at: str) -> None:
-        if at == "unprepare-files":
-            raise SimulatedCrash(at)
-
     with pytest.raises(SimulatedCrash):
-        make_state(tmp_path, reader, fail_point=crash).unprepare([ref(c)])
+        make_state(tmp_path, reader, fail_point=crash_at("unprepare-files")).unprepare([ref(c)])
     restarted = make_state(tmp_path, reader)
     # The record survived; its files are gone, so it is not reported as prepared twice.
     assert restarted.unprepare([ref(c)]) == {"u-1": ""}
@@ -347,12 +344,8 @@ def test_crash_after_unprepare_files_then_prepare_rewrites(
     c = reader.add(claim("u-1", gpus(1)))
     first = make_state(tmp_path, reader).prepare([ref(c)])["u-1"]
 
-    def crash(at: str) -> None:
-        if at == "unprepare-files":
-            raise SimulatedCrash(at)
-
     with pytest.raises(SimulatedCrash):
-        make_state(tmp_path, reader, fail_point=crash).unprepare([ref(c)])
+        make_state(tmp_path, reader, fail_point=crash_at("unprepare-files")).unprepare([ref(c)])
     restarted = make_state(tmp_path, reader)
     assert restarted.prepare([ref(c)])["u-1"] == first
     assert restarted.spec_path("u-1").exists() and restarted.topo_path("u-1").exists()
@@ -360,6 +353,7 @@ def test_crash_after_unprepare_files_then_prepare_rewrites(
 
 _KILL_SCRIPT = """
 import os, signal, sys
+from collections.abc import Callable
 from pathlib import Path
 from tests.driver_support import FakeClaims, claim, make_state
 from driver.state import ClaimRef
