@@ -4,7 +4,7 @@
 For each case it times, as medians of N runs after one warm-up:
   lstopo     HWLOC_COMPONENTS=linux,stop HWLOC_FSROOT=ROOT lstopo-no-graphics
              --of xml --whole-io --disallowed -   (whole process, output to /dev/null)
-  inproc     discovery.discover.discover(ROOT) in this process: the daemon's
+  inproc     toposlice.discover.discover(ROOT) in this process: the daemon's
              rediscovery path (sysfs backends + every probe)
   cold       `python -m toposlice discover --sysfs-root ROOT -o json` as a new process
   cold-net   cold minus a bare `python -c pass` of the same interpreter (site included)
@@ -24,7 +24,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from pathlib import Path
@@ -32,29 +31,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from hack.hwloc_fixtures import HWLOC, case_env, extract_case, hwloc_cases  # noqa: E402
 from toposlice.discover import discover  # noqa: E402
 
-DEFAULT_FIXTURES = REPO.parent / "shared" / "fixtures" / "hwloc"
 LEAN = (
     "import sys; sys.path.insert(0, {repo!r}); from toposlice.cli import main; "
     "sys.exit(main(['discover', '--sysfs-root', {root!r}, '-o', 'json']))"
 )
-
-
-def cases(fixtures: Path) -> list[str]:
-    out = []
-    for line in (fixtures / "cases.txt").read_text().splitlines():
-        line = line.strip()
-        if line and not line.startswith("#"):
-            out.append(line.split()[0])
-    return out
-
-
-def extract(tarball: Path, dest: Path) -> Path:
-    with tarfile.open(tarball) as tf:
-        tf.extractall(dest, filter="tar")
-        top = {m.name.split("/")[0] for m in tf.getmembers() if m.name}
-    return dest / top.pop()
 
 
 def median_ms(fn: object, runs: int) -> float:
@@ -75,7 +58,7 @@ def run_process(cmd: list[str], env: dict[str, str] | None = None) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--runs", type=int, default=15)
-    ap.add_argument("--fixtures", type=Path, default=DEFAULT_FIXTURES)
+    ap.add_argument("--fixtures", type=Path, default=HWLOC)
     ap.add_argument("--case", action="append", help="only these cases")
     args = ap.parse_args()
 
@@ -101,13 +84,12 @@ def main() -> int:
     worst_cold = 0.0
     worst_lean = 0.0
     with tempfile.TemporaryDirectory(prefix="toposlice-bench-") as tmp:
-        for case in args.case or cases(args.fixtures):
-            root = extract(args.fixtures / f"{case}.tar.bz2", Path(tmp) / case)
+        for case in args.case or hwloc_cases(args.fixtures):
+            root = extract_case(case, Path(tmp) / case, args.fixtures)
             lst = float("nan")
             if lstopo:
                 lenv = dict(os.environ, HWLOC_COMPONENTS="linux,stop", HWLOC_FSROOT=str(root))
-                if case == "nvidiagpunumanodes":
-                    lenv["HWLOC_KEEP_NVIDIA_GPU_NUMA_NODES"] = "1"
+                lenv.update(case_env(case, args.fixtures))
                 cmd = [lstopo, "--of", "xml", "--whole-io", "--disallowed", "-"]
                 lst = median_ms(lambda cmd=cmd, lenv=lenv: run_process(cmd, lenv), args.runs)
             inproc = median_ms(lambda root=root: discover(str(root)), args.runs)

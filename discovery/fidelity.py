@@ -10,8 +10,6 @@ from typing import Any
 
 from discovery.model import Inventory
 
-GPU_BMC_VENDORS = {"0x1a03", "0x102b", "0x1013", "0x1b36", "0x1234", "0x15ad"}
-
 
 def to_fidelity(inv: Inventory, case: str = "") -> dict[str, Any]:
     cores = {tuple(c.siblings) for c in inv.cpus}

@@ -27,11 +27,8 @@ def _fields(obj: Any) -> tuple[dataclasses.Field[Any], ...]:
 
 
 class Record:
-    """Shared ``__eq__``/``__repr__`` for the inventory dataclasses.
-
-    ``@dataclass`` generates these per class with ``exec``; doing it for ~17 classes
-    was a fifth of the CLI's cold start. One generic pair serves them all.
-    """
+    """Shared ``__eq__``/``__repr__`` for the inventory dataclasses, instead of one
+    generated pair per class (start-up cost: docs/performance.md)."""
 
     __slots__ = ()
 

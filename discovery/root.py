@@ -19,7 +19,7 @@ class Root:
 
     ``live`` decides whether host libraries (NVML, psutil, udev's database, the
     hostname syscall) may be asked: they describe the running machine, not a dump.
-    Plain strings rather than pathlib: pathlib is a noticeable share of a cold start.
+    Plain strings rather than pathlib (start-up cost: docs/performance.md).
     """
 
     __slots__ = ("live", "path", "proc", "sys")

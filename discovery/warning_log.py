@@ -2,8 +2,8 @@
 
 A tree with thousands of broken files must yield a readable report, not thousands
 of lines: after ``limit`` distinct messages the rest are only counted. They end up in
-``Inventory.warnings``; whoever runs discovery (the CLI, the daemon) reports them --
-discovery itself does not import ``logging``, which alone costs a tenth of a cold start.
+``Inventory.warnings``; whoever runs discovery (the CLI, the daemon) reports them, so
+discovery needs no ``logging`` (start-up cost: docs/performance.md).
 """
 
 from __future__ import annotations

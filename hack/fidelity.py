@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import tarfile
 import tempfile
 from pathlib import Path
 
@@ -21,24 +20,22 @@ sys.path.insert(0, str(REPO))
 
 from discovery.fidelity import to_fidelity  # noqa: E402
 from discovery.host import discover_host  # noqa: E402
+from discovery.root import Root  # noqa: E402
+from hack.hwloc_fixtures import HWLOC, extract_case, hwloc_cases  # noqa: E402
 
 
 def main() -> int:
-    fixtures = Path(sys.argv[1]) if len(sys.argv) > 1 else REPO.parent / "shared/fixtures/hwloc"
+    fixtures = Path(sys.argv[1]) if len(sys.argv) > 1 else HWLOC
     with tempfile.TemporaryDirectory() as tmp:
         got = Path(tmp) / "got"
         got.mkdir()
-        for tarball in sorted(fixtures.glob("*.tar.bz2")):
-            case = tarball.name[: -len(".tar.bz2")]
-            dest = Path(tmp) / case
-            with tarfile.open(tarball) as tf:
-                tf.extractall(dest, filter="tar")
-                top = {m.name.split("/")[0] for m in tf.getmembers() if m.name}.pop()
-            inv, _ = discover_host(str(dest / top), live=False)
+        for case in hwloc_cases(fixtures):
+            root = extract_case(case, Path(tmp) / case, fixtures)
+            inv, _ = discover_host(Root(root, live=False))
             (got / f"{case}.json").write_text(json.dumps(to_fidelity(inv, case)))
         # The live truth describes the VM the fixtures were made on: it scores 1.0 only on a
         # host of that shape (CI's and the developers' machines are).
-        inv, _ = discover_host("/", live=True)
+        inv, _ = discover_host(Root("/", live=True))
         (got / "live-session-vm.json").write_text(json.dumps(to_fidelity(inv, "live")))
         cmd = [sys.executable, str(fixtures / "fidelity_check.py"), "--truth-dir", str(fixtures)]
         return subprocess.call([*cmd, "--got-dir", str(got), "--quiet"])

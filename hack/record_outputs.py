@@ -22,6 +22,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -52,22 +53,45 @@ def _run_cli(argv: list[str]) -> tuple[int, str, str]:
     return rc, out.getvalue(), err.getvalue()
 
 
-def sources(tmp: Path) -> Iterator[tuple[str, list[str], str | None]]:
+def sources(roots: dict[str, Path]) -> Iterator[tuple[str, list[str], str | None]]:
     """(label, source flags, root path to mask) for every fake machine and hwloc dump."""
     from discovery.fake import list_machines
 
     for name in list_machines():
         yield f"fake-{name}", ["--fake", name], None
-    if HWLOC.exists():
-        for case, root in extract_all(tmp).items():
-            yield f"hwloc-{case}", ["--sysfs-root", str(root)], str(root)
+    for case, root in roots.items():
+        yield f"hwloc-{case}", ["--sysfs-root", str(root)], str(root)
 
 
-def record() -> dict[str, str]:
+@contextlib.contextmanager
+def discover_once() -> Iterator[None]:
+    """Every command of one source reuses that source's first inventory (a copy): the
+    output is the same and recording takes a fraction of the time (the test uses it)."""
+    import copy
+
+    from toposlice import cli
+
+    real = cli.load_inventory
+    cache: dict[tuple[object, ...], Any] = {}
+
+    def cached(args: argparse.Namespace) -> Any:
+        key = (args.fake, args.root, args.inventory, args.probes)
+        if key not in cache:
+            cache[key] = real(args)
+        return copy.deepcopy(cache[key])
+
+    cli.load_inventory = cached  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        cli.load_inventory = real  # type: ignore[assignment]
+
+
+def record_sources(roots: dict[str, Path], shared: bool = False) -> dict[str, str]:
     """file name -> content (stdout, then the exit status and stderr)."""
     out: dict[str, str] = {}
-    with tempfile.TemporaryDirectory(prefix="toposlice-record-") as tmp:
-        for label, flags, mask in sources(Path(tmp)):
+    with discover_once() if shared else contextlib.nullcontext():
+        for label, flags, mask in sources(roots):
             for command, formats, extra in COMMANDS:
                 for fmt in formats:
                     rc, stdout, stderr = _run_cli([command, *flags, *extra, "-o", fmt])
@@ -76,6 +100,12 @@ def record() -> dict[str, str]:
                         text = text.replace(mask, "<ROOT>")
                     out[f"{label}.{command}.{fmt}"] = text
     return out
+
+
+def record(shared: bool = False) -> dict[str, str]:
+    with tempfile.TemporaryDirectory(prefix="toposlice-record-") as tmp:
+        roots = extract_all(Path(tmp)) if HWLOC.exists() else {}
+        return record_sources(roots, shared)
 
 
 def checksums(records: dict[str, str]) -> str:
@@ -91,8 +121,11 @@ def main() -> int:
     ap.add_argument("dir", nargs="?", type=Path)
     ap.add_argument("--compare", action="store_true", help="diff a fresh record against DIR")
     ap.add_argument("--checksums", action="store_true", help=f"rewrite {CHECKSUMS.name}")
+    ap.add_argument(
+        "--discover-once", action="store_true", help="discover each source once (as the test)"
+    )
     args = ap.parse_args()
-    records = record()
+    records = record(args.discover_once)
     if args.checksums:
         CHECKSUMS.write_text(checksums(records))
         print(f"wrote {len(records)} checksums to {CHECKSUMS}")

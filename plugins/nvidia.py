@@ -1,7 +1,6 @@
 """NVIDIA GPUs, NVLinks and GPU fabric through NVML (``pynvml``), plus NVSwitches from sysfs.
 
-``pynvml`` is imported lazily inside :meth:`NvidiaProbe.probe` so that the CLI starts
-fast on hosts without NVIDIA hardware. ``ctx.nvml`` replaces it with a pynvml-compatible
+``pynvml`` is imported inside :meth:`NvidiaProbe.probe`, only where it is used. ``ctx.nvml`` replaces it with a pynvml-compatible
 fake module (fake hardware). Every NVML call that feeds an optional fact is guarded: an
 error leaves the field None and adds at most one warning per GPU and fact kind.
 """

@@ -36,9 +36,8 @@ def scan_entry_points(group: str) -> dict[str, str]:
     """``name -> "module:attr"`` of one entry-point group across ``sys.path``.
 
     Same data as ``importlib.metadata.entry_points(group=...)``, read directly from
-    the ``*.dist-info/entry_points.txt`` files: importing importlib.metadata alone
-    costs about as much as a whole discovery, and the CLI must start fast. Cached for
-    the process: the daemon rediscovers periodically, installed probes do not change.
+    the ``*.dist-info/entry_points.txt`` files (start-up cost: docs/performance.md).
+    Cached for the process: installed probes do not change between rediscoveries.
     """
     found: dict[str, str] = {}
     header = f"[{group}]"

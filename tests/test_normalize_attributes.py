@@ -13,7 +13,7 @@ from normalize.attributes import (
 )
 from normalize.devices import build_devices, quantity
 from normalize.options import NormalizeOptions
-from tests.test_normalize_inventories import amd, dgx, gb200, snc
+from tests.inventories import amd, dgx, gb200, snc
 
 
 def _dev(devs: list[dict[str, Any]], name: str) -> dict[str, Any]:

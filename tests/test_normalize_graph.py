@@ -11,7 +11,7 @@ from discovery.model import Inventory
 from normalize.graph import build_graph
 from normalize.options import NormalizeOptions
 from normalize.slices import build_slices
-from tests.test_normalize_inventories import amd, dgx, gb200, snc
+from tests.inventories import amd, dgx, gb200, snc
 from toposlice.render import graph_table, graph_to_dot
 
 SCHEMA = json.loads(

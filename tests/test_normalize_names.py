@@ -6,7 +6,7 @@ from normalize import names
 from normalize.devices import build_devices
 from normalize.options import NormalizeOptions
 from normalize.validation import is_dns_label
-from tests.test_normalize_inventories import dgx, gb200
+from tests.inventories import dgx, gb200
 
 
 def test_name_formats() -> None:

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from discovery.model import Gpu, Inventory, Nic, NvLink, PciDevice
 from normalize.relations import relation_matrix
-from tests.test_normalize_inventories import amd, dgx, gb200
+from tests.inventories import amd, dgx, gb200
 from toposlice.render import format_topo
 
 

@@ -9,7 +9,7 @@ from discovery.model import Inventory, Nic, PciDevice
 from normalize.options import NormalizeOptions
 from normalize.slices import build_slices, slice_name_prefix, split_devices, to_models
 from normalize.validation import validate_pool, validate_slice
-from tests.test_normalize_inventories import amd, dgx, gb200, snc
+from tests.inventories import amd, dgx, gb200, snc
 
 K8S_VERSION = "1.37"  # newest schema set shipped with kubernetes-validate (has resource.k8s.io/v1)
 

@@ -1,7 +1,7 @@
 """``toposlice`` command line: discover | slices | graph | machines.
 
-Imports are deferred into each command so a cold ``toposlice discover`` only pays for
-what it uses (the kubernetes client alone costs more than a whole discovery).
+Imports are deferred into each command, and only the running command's options are
+built (start-up cost: docs/performance.md).
 """
 
 from __future__ import annotations
@@ -27,11 +27,8 @@ MODULE_COMMANDS: dict[str, tuple[str, str]] = {}
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
-    """The full parser, or with ``only`` the options of that one command.
-
-    argparse spends ~0.3 ms per option; building just the command being run keeps
-    start-up short (``--help`` of the top level still lists every command).
-    """
+    """The full parser, or with ``only`` the options of that one command (``--help`` of
+    the top level still lists every command)."""
     parser = argparse.ArgumentParser(
         prog="toposlice",
         description="Describe accelerator-node topology to Kubernetes (DRA ResourceSlices).",
