@@ -48,13 +48,12 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from email.utils import formatdate
 from typing import Any
 from urllib.parse import parse_qs
 
 import httptools
-from prometheus_client import generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -130,7 +129,20 @@ class Rendered:
     dot: Resource | None
     inventory: Resource | None
     normalization: Resource
+    inventory_dict: dict[str, Any] | None = None
     created: float = field(default_factory=time.time)
+
+    def same_content(self, snap: Snapshot, report: NormalizationReport) -> bool:
+        """True when ``snap`` would render to the same bytes (a rediscovery that found the
+        same hardware): then only the snapshot reference is swapped, nothing re-rendered."""
+        return (
+            self.snapshot is not None
+            and report is self.report
+            and snap.node_name == self.snapshot.node_name
+            and snap.graph == self.snapshot.graph
+            and snap.vertex_devices == self.snapshot.vertex_devices
+            and snap.inventory.to_dict() == self.inventory_dict
+        )
 
 
 def _json(obj: Any) -> bytes:
@@ -166,6 +178,7 @@ def render(
         dot=Resource.of(dot(doc).encode(), b"text/vnd.graphviz; charset=utf-8") if dot else None,
         inventory=Resource.of(_json(inv), JSON),
         normalization=norm,
+        inventory_dict=snap.inventory.to_dict() if extra else inv,
     )
 
 
@@ -291,6 +304,7 @@ class _Conn(asyncio.Protocol):
         "_headers_done",
         "_inm",
         "_paused",
+        "_raw",
         "_timer",
         "_url",
         "parser",
@@ -306,6 +320,7 @@ class _Conn(asyncio.Protocol):
         self._inm: bytes | None = None
         self._accept_gzip: bytes | None = None
         self._header_bytes = 0
+        self._raw = 0
         self._headers_done = True
         self._body = 0
         self._paused = False
@@ -335,21 +350,28 @@ class _Conn(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.transport is None or self.transport.is_closing():
             return
-        if not self._headers_done:
-            self._header_bytes += len(data)
+        # Raw bytes since the last header block ended: bounds what the parser buffers for a
+        # header that never ends. on_url/on_header count each block exactly.
+        self._raw += len(data)
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
             self.server.stats.reject("upgrade")
             self._error(400, b"protocol upgrades are not supported\n")
-        except httptools.HttpParserError:
-            self.server.stats.reject("malformed")
-            self._error(400, b"malformed request\n")
         except _Reject as rej:
             self.server.stats.reject(rej.why)
             self._error(rej.status, rej.text)
+        except httptools.HttpParserError as exc:
+            # A limit raised in a callback arrives wrapped in HttpParserCallbackError.
+            rej = exc.__context__ if isinstance(exc.__context__, _Reject) else None
+            if rej is not None:
+                self.server.stats.reject(rej.why)
+                self._error(rej.status, rej.text)
+            else:
+                self.server.stats.reject("malformed")
+                self._error(400, b"malformed request\n")
         else:
-            if not self._headers_done and self._header_bytes > self.server.limits.max_header_bytes:
+            if self._raw > self.server.limits.max_header_bytes + self.server.limits.max_body_bytes:
                 self.server.stats.reject("header_too_large")
                 self._error(431, b"request header too large\n")
 
@@ -370,15 +392,20 @@ class _Conn(asyncio.Protocol):
         self._inm = None
         self._accept_gzip = None
         self._headers_done = False
+        self._header_bytes = 0
         self._body = 0
         self._arm(self.server.limits.header_timeout)
 
     def on_url(self, url: bytes) -> None:
         self._url += url
-        if len(self._url) > self.server.limits.max_header_bytes:
+        self._header_bytes += len(url)
+        if self._header_bytes > self.server.limits.max_header_bytes:
             raise _Reject(431, "header_too_large", b"request line too long\n")
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        self._header_bytes += len(name) + len(value) + 4
+        if self._header_bytes > self.server.limits.max_header_bytes:
+            raise _Reject(431, "header_too_large", b"request header too large\n")
         n = len(name)
         if n == 13 and name.lower() == b"if-none-match":
             self._inm = value
@@ -390,8 +417,7 @@ class _Conn(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         self._headers_done = True
-        if self._header_bytes > self.server.limits.max_header_bytes:
-            raise _Reject(431, "header_too_large", b"request header too large\n")
+        self._raw = 0
 
     def on_body(self, body: bytes) -> None:
         self._body += len(body)
@@ -402,7 +428,9 @@ class _Conn(asyncio.Protocol):
         t = self.transport
         if t is None:
             return
-        keep = self.parser.should_keep_alive()
+        # An Upgrade (h2c, websocket) is ignored, as RFC 9110 allows; the connection closes
+        # after the answer since the client may switch protocols regardless.
+        keep = self.parser.should_keep_alive() and not self.parser.should_upgrade()
         method = self.parser.get_method()
         self.server._respond(self, method, self._url, self._inm, self._accept_gzip, keep)
         if not keep:
@@ -589,8 +617,17 @@ class HttpServer:
         with self._render_lock:
             snap = snapshot if snapshot is not None else self.view.snapshot()
             report = self._rendered.report if normalization is _KEEP else normalization
-            if snap is not None and report is not None and report.node is None:
-                report = None
+            prev = self._rendered
+            if snap is not None and (report is None or report.node is None):
+                # The empty report of "not observing" names the node; keep one object so
+                # same_content() can tell nothing changed.
+                old = prev.report
+                empty = old.node == snap.node_name and not old.matches and not old.findings
+                report = old if empty else empty_report(snap.node_name)
+            if snap is not None and report is not None and prev.same_content(snap, report):
+                self._rendered = replace(prev, snapshot=snap)
+                self._recent = [snap, *self._recent[:3]]
+                return
             rendered = render(snap, report, self.publishes, self.dot)
             self.metrics.set_topology(
                 snap.inventory if snap is not None else Inventory(),
@@ -714,7 +751,7 @@ class HttpServer:
             text = b"ok\n" if ready else (reason + "\n").encode()
             self._send_text(t, path, 200 if ready else 503, text, keep, head_only)
         elif path == "/metrics":
-            body = generate_latest(self.metrics.registry)
+            body = self.metrics.exposition()
             gz = _wants_gzip(accept)
             if gz:
                 body = gzip.compress(body, 1)

@@ -26,7 +26,14 @@ from dataclasses import dataclass, field
 from threading import Lock
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
 from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -126,8 +133,22 @@ class DeviceInfo:
 class _Topology:
     families: list[Metric] = field(default_factory=list)
     devices: list[DeviceInfo] = field(default_factory=list)
-    findings: dict[tuple[str, str], int] = field(default_factory=dict)
-    foreign: dict[tuple[str, str], int] = field(default_factory=dict)
+    text: bytes = b""
+
+
+def _counts(
+    name: str, doc: str, labels: list[str], counts: Mapping[tuple[str, str], int]
+) -> Metric:
+    """A gauge of counts keyed by (driver, x); drivers beyond MAX_DRIVERS fold into other."""
+    drivers = _Bounded(MAX_DRIVERS)
+    agg: dict[tuple[str, str], int] = {}
+    for (drv, second), n in sorted(counts.items()):
+        key = (drivers(drv), second)
+        agg[key] = agg.get(key, 0) + n
+    fam = GaugeMetricFamily(f"{NAMESPACE}_{name}", doc, labels=labels)
+    for key, n in agg.items():
+        fam.add_metric(list(key), float(n))
+    return fam
 
 
 class DriverMetrics:
@@ -139,7 +160,10 @@ class DriverMetrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
-        r = self.registry
+        # Event counters and live state go on a private registry; the per-snapshot series
+        # are pre-rendered to text in set_topology(), so a scrape formats only what changes.
+        self._events = CollectorRegistry()
+        r = self._events
         n = NAMESPACE
         self._methods = _Bounded(MAX_METHODS)
         self._codes = _Bounded(0, GRPC_CODES)
@@ -205,7 +229,8 @@ class DriverMetrics:
         )
         self._topology = _Topology()
         self._live: list[Callable[[], Iterable[Metric]]] = []
-        r.register(_Collect(self._collect))
+        r.register(_Collect(self._collect_live))
+        self.registry.register(_Collect(self._collect_all))
 
     # ---- events (daemon parts call these) ------------------------------------------------
 
@@ -332,47 +357,43 @@ class DriverMetrics:
             if gpu.vendor == "nvidia" or gpu.nvlinks:
                 nvl.add_metric([gpu.bus_id], float(len(gpu.nvlinks)))
         families.append(nvl)
+        families.append(
+            _counts(
+                "normalization_findings",
+                "Cross-driver findings on this node's ResourceSlices, by driver and check",
+                ["driver", "check"],
+                findings or {},
+            )
+        )
+        families.append(
+            _counts(
+                "foreign_devices",
+                "Devices other drivers publish on this node, by driver and whether they matched",
+                ["driver", "matched"],
+                foreign or {},
+            )
+        )
+        static = CollectorRegistry()
+        static.register(_Collect(lambda: families))
         self._topology = _Topology(
-            families=families,
-            devices=list(devices),
-            findings=dict(findings or {}),
-            foreign=dict(foreign or {}),
+            families=families, devices=list(devices), text=generate_latest(static)
         )
 
     def add_live(self, source: Callable[[], Iterable[Metric]]) -> None:
         """A callable yielding metric families at scrape time (health, readiness, HTTP)."""
         self._live.append(source)
 
-    def _collect(self) -> Iterable[Metric]:
-        topo = self._topology
-        yield from topo.families
-        drivers = _Bounded(MAX_DRIVERS)
-        findings = GaugeMetricFamily(
-            f"{NAMESPACE}_normalization_findings",
-            "Cross-driver findings on this node's ResourceSlices, by driver and check",
-            labels=["driver", "check"],
-        )
-        agg: dict[tuple[str, str], int] = {}
-        for (drv, check), n in sorted(topo.findings.items()):
-            key = (drivers(drv), check)
-            agg[key] = agg.get(key, 0) + n
-        for key, n in agg.items():
-            findings.add_metric(list(key), float(n))
-        yield findings
-        foreign = GaugeMetricFamily(
-            f"{NAMESPACE}_foreign_devices",
-            "Devices other drivers publish on this node, by driver and whether they matched",
-            labels=["driver", "matched"],
-        )
-        agg = {}
-        for (drv, matched), n in sorted(topo.foreign.items()):
-            key = (drivers(drv), matched)
-            agg[key] = agg.get(key, 0) + n
-        for key, n in agg.items():
-            foreign.add_metric(list(key), float(n))
-        yield foreign
+    def _collect_live(self) -> Iterable[Metric]:
         for source in list(self._live):
             yield from source()
+
+    def _collect_all(self) -> Iterable[Metric]:
+        yield from self._events.collect()
+        yield from self._topology.families
+
+    def exposition(self) -> bytes:
+        """The Prometheus text format of every series (what ``/metrics`` serves)."""
+        return generate_latest(self._events) + self._topology.text
 
     @property
     def devices(self) -> list[DeviceInfo]:

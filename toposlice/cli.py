@@ -23,7 +23,17 @@ COMMANDS = ("discover", "slices", "graph", "machines")
 #: Commands that live in a module of their own: name -> (module, one-line help). The
 #: module has ``add_arguments(parser)`` and ``run(args) -> int``; it is imported only
 #: when its command runs (or for the full ``--help``).
-MODULE_COMMANDS: dict[str, tuple[str, str]] = {}
+MODULE_COMMANDS: dict[str, tuple[str, str]] = {
+    "gather": ("toposlice.cmd_gather", "archive the files discovery reads (replay: --gathered)"),
+    "score": ("toposlice.cmd_score", "rank placements of a workload on topology graphs"),
+    "scorer": (
+        "toposlice.cmd_scorer",
+        "placement scorer services (serve: kube-scheduler extender)",
+    ),
+    "serve": ("toposlice.cmd_serve", "serve the topology, metrics and page over HTTP"),
+    "doctor": ("toposlice.cmd_doctor", "check other DRA drivers' slices against the hardware"),
+    "run": ("toposlice.cmd_run", "run the DRA kubelet plugin (slices, claims, health)"),
+}
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:

@@ -6,7 +6,10 @@ also reads the other drivers' ResourceSlices of the node and serves the cross-dr
 from __future__ import annotations
 
 import argparse
+import contextlib
+import gc
 import logging
+import os
 import signal
 import socket
 import sys
@@ -42,6 +45,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=60.0,
         metavar="S",
         help="rediscover the node every S seconds (default %(default)s)",
+    )
+    p.add_argument(
+        "--discover-in-process",
+        action="store_true",
+        help="run discovery in the server process (default: a helper process, so its CPU "
+        "time does not hold the GIL the HTTP thread needs)",
     )
     p.add_argument(
         "--observe",
@@ -96,13 +105,13 @@ class ServeView:
 def run(args: argparse.Namespace) -> int:
     from driver.http_server import HttpServer
     from driver.metrics import DriverMetrics
-    from normalize.snapshot import build_snapshot
     from toposlice.render import graph_to_dot
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     sys.setswitchinterval(SWITCH_INTERVAL)
     loader = inventory_loader(args)
     opts = normalize_options(args)
+    gc.freeze()  # start-up objects: out of the collector's way for good
     view = ServeView()
     metrics = DriverMetrics()
 
@@ -122,12 +131,23 @@ def run(args: argparse.Namespace) -> int:
     if args.observe or args.slices:
         observer = _observer(args, view, server, opts.driver)
 
+    pool = None
+    if not args.discover_in_process:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        pool = ProcessPoolExecutor(
+            1, mp_context=multiprocessing.get_context("spawn"), initializer=_background
+        )
+
     def discover_once() -> bool:
         start = time.perf_counter()
         try:
-            inv = loader()
-            node = args.node_name or inv.hostname or socket.gethostname()
-            snap = build_snapshot(inv, node, opts)
+            if pool is not None:
+                snap = pool.submit(discover_snapshot, args).result()
+            else:
+                snap = discover_snapshot(args, loader)
+            inv = snap.inventory
         except Exception as exc:
             view.last_error = f"discovery failed: {exc}"
             log.warning("%s", view.last_error)
@@ -156,7 +176,24 @@ def run(args: argparse.Namespace) -> int:
         if observer is not None:
             observer.stop()
         server.stop()
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
     return 0
+
+
+def _background() -> None:
+    """The discovery helper yields the CPU to the server (and to the workloads)."""
+    with contextlib.suppress(OSError):
+        os.nice(10)
+
+
+def discover_snapshot(args: argparse.Namespace, loader: Any = None) -> Any:
+    """One discovery and its snapshot (runs in the helper process unless in-process)."""
+    from normalize.snapshot import build_snapshot
+
+    inv = (loader or inventory_loader(args))()
+    node = args.node_name or inv.hostname or socket.gethostname()
+    return build_snapshot(inv, node, normalize_options(args))
 
 
 def _observer(args: argparse.Namespace, view: ServeView, server: Any, own_driver: str) -> Any:
