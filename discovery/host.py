@@ -15,7 +15,7 @@ from discovery.numa import assign_packages, discover_numa
 from discovery.pci import discover_pci
 from discovery.readers import read_text
 from discovery.root import Root
-from discovery.udev import pci_names
+from discovery.udev import pci_names, udev_db_names
 from discovery.warning_log import Warnings
 
 
@@ -59,7 +59,10 @@ def discover_host(root: Root | str = "/", live: bool | None = None) -> tuple[Inv
     assign_packages(inv.numa_nodes, inv.cpus)
 
     inv.pci_devices = discover_pci(root, warn)
-    names = pci_names() if root.live else {}
+    if root.live:
+        names = pci_names()
+    else:
+        names = udev_db_names(root.path, [d.bus_id for d in inv.pci_devices])
     for dev in inv.pci_devices:
         dev.locality_numa_node = locality_node(dev, inv.numa_nodes)
         dev.vendor_name, dev.device_name = names.get(dev.bus_id, (None, None))

@@ -115,7 +115,7 @@ class ApiSlices:
             _preload_content=False,
             _request_timeout=self.timeout,
         )
-        data = json.loads(resp.data)
+        data = json.loads(resp.data)  # type: ignore[attr-defined]  # raw urllib3 response
         items = data.get("items") or []
         return [i for i in items if isinstance(i, dict)]
 

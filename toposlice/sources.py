@@ -38,6 +38,11 @@ def add_source_args(p: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="read a saved `toposlice discover -o json` inventory instead of a host",
     )
+    src.add_argument(
+        "--gathered",
+        metavar="FILE",
+        help="replay a `toposlice gather` archive (its files and NVML answers)",
+    )
     p.add_argument(
         "--probes",
         metavar="LIST",
@@ -87,12 +92,28 @@ def inventory_loader(args: argparse.Namespace) -> Callable[[], Inventory]:
         return from_file
 
     probes = [p.strip() for p in args.probes.split(",") if p.strip()] if args.probes else None
+    gathered = getattr(args, "gathered", None)
+    if gathered:
+
+        def from_gathered() -> Inventory:
+            from toposlice.replay import discover_gathered
+
+            return discover_gathered(gathered, probes=probes)
+
+        return from_gathered
+
     root, fake = host_root(args.root), args.fake
 
     def from_host() -> Inventory:
         from toposlice.discover import discover
 
-        return discover(root, fake=fake, probes=probes)
+        nvml = None
+        if fake is None and os.path.abspath(root) != "/":
+            # An extracted `toposlice gather` archive keeps the NVML answers beside sys/.
+            from discovery.replay import gathered_nvml
+
+            nvml = gathered_nvml(root)
+        return discover(root, fake=fake, probes=probes, nvml=nvml)
 
     return from_host
 

@@ -1,0 +1,347 @@
+"""The running driver: wires discovery snapshots to the kubelet services, the publisher,
+health and the HTTP exporter.
+
+Start order (each step only once the one before worked):
+
+1. discovery through the injected ``discover`` callable (the CLI passes
+   ``toposlice.sources.inventory_loader(args)``; nothing here imports a probe);
+2. the API server and the Node, retried for ``startup_timeout`` seconds, then
+   :class:`StartupError` (one line; the command exits 1);
+3. claim state (checkpoint, CDI specs), the DRA service socket, then the registration
+   socket (so the kubelet never registers a plugin whose service is not up yet);
+4. the publisher, health pump, rediscovery (timer + udev on a live host) and the HTTP server.
+
+After start, an unreachable API server is waited out by the publisher (backoff); claims
+keep being prepared from the checkpoint where they can.
+
+:meth:`Daemon.stop` (SIGTERM): remove the registration socket, let in-flight gRPC calls
+finish (``grace``), remove ``dra.sock``, stop the loops. The checkpoint, CDI specs and
+the published slices stay: a restarted driver carries on with them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from discovery.model import Inventory
+from normalize.snapshot import Snapshot, build_snapshot
+
+from .config import DaemonConfig
+from .health import EventSource, HealthMonitor, LinkState, sysfs_link_reader
+from .interfaces import DeviceHealth, DriverStatus
+from .kube import KubeConfigError, KubeUnavailable, NodeNotFound, build_api_client, get_node
+
+if TYPE_CHECKING:
+    from kubernetes.client import ApiClient
+
+    from .dra_server import DraServer
+    from .hotplug import Debouncer, UdevWatcher
+    from .publisher import SlicePublisher
+    from .registration import Registrar
+    from .state import DriverState
+
+log = logging.getLogger("toposlice.daemon")
+
+LINK_POLL_S = 5.0
+
+
+class StartupError(RuntimeError):
+    """The driver cannot start; the message is the one line to print."""
+
+
+def device_kind(device: Mapping[str, Any]) -> str | None:
+    attr = (device.get("attributes") or {}).get("type") or {}
+    kind = attr.get("string") if isinstance(attr, dict) else None
+    return kind if isinstance(kind, str) else None
+
+
+def published_snapshot(snap: Snapshot, kinds: frozenset[str]) -> Snapshot:
+    """The snapshot restricted to the device kinds this driver publishes: what the pool,
+    claim preparation, health and the exporter all see as "our devices"."""
+    devices = tuple(d for d in snap.devices if device_kind(d) in kinds)
+    if len(devices) == len(snap.devices):
+        return snap
+    names = {d["name"] for d in devices}
+    vertex_devices = {v: n for v, n in snap.vertex_devices.items() if n in names}
+    return dataclasses.replace(snap, devices=devices, vertex_devices=vertex_devices)
+
+
+class Daemon:
+    """Also the :class:`~driver.interfaces.ExporterView` of the HTTP server."""
+
+    def __init__(
+        self,
+        cfg: DaemonConfig,
+        discover: Callable[[], Inventory],
+        *,
+        event_sources: Sequence[EventSource] = (),
+        link_reader: Callable[[str], LinkState | None] | None = None,
+        api_client: ApiClient | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.discover = discover
+        self.event_sources = list(event_sources)
+        if link_reader is None and cfg.live:
+            link_reader = sysfs_link_reader(cfg.root)
+        self.health_monitor = HealthMonitor(cfg.driver_name, link_reader=link_reader)
+        self.client = api_client
+        self._snap: Snapshot | None = None
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self.state: DriverState | None = None
+        self.dra: DraServer | None = None
+        self.registrar: Registrar | None = None
+        self.publisher: SlicePublisher | None = None
+        self.http: Any = None
+        self.metrics: Any = None
+        self.debouncer: Debouncer | None = None
+        self.udev: UdevWatcher | None = None
+        self.started_at = time.monotonic()
+        self.last_discovery_error = ""
+
+    # -- ExporterView --------------------------------------------------------------------
+
+    def snapshot(self) -> Snapshot | None:
+        return self._snap
+
+    def status(self) -> DriverStatus:
+        reg = self.registrar
+        pub = self.publisher
+        errors = [
+            e
+            for e in (
+                reg.error if reg is not None else "",
+                pub.last_error if pub is not None else "",
+                self.last_discovery_error,
+            )
+            if e
+        ]
+        return DriverStatus(
+            registered=bool(reg is not None and reg.registered),
+            publisher_synced=bool(pub is not None and pub.synced),
+            last_error=errors[0] if errors else "",
+            details={
+                "node": self.cfg.node_name,
+                "driver": self.cfg.driver_name,
+                "pool_generation": pub.generation if pub is not None else 0,
+                "slice_writes": dict(pub.writes) if pub is not None else {},
+                "uptime_s": round(time.monotonic() - self.started_at, 1),
+            },
+        )
+
+    def allocated(self) -> Mapping[str, str]:
+        return self.state.prepared_devices() if self.state is not None else {}
+
+    def health(self) -> list[DeviceHealth]:
+        return self.health_monitor.current()
+
+    # -- start ---------------------------------------------------------------------------
+
+    def _discover_snapshot(self) -> Snapshot:
+        inv = self.discover()
+        for warning in inv.warnings:
+            log.warning("discovery: %s", warning)
+        snap = build_snapshot(inv, self.cfg.node_name, self.cfg.normalize)
+        return published_snapshot(snap, self.cfg.publish)
+
+    def _connect(self) -> ApiClient:
+        try:
+            client = self.client or build_api_client(self.cfg.kubeconfig)
+        except KubeConfigError as exc:
+            raise StartupError(str(exc)) from exc
+        deadline = time.monotonic() + self.cfg.startup_timeout
+        delay = 0.5
+        while True:
+            try:
+                get_node(client, self.cfg.node_name)
+                return client
+            except (KubeUnavailable, NodeNotFound) as exc:
+                if time.monotonic() + delay > deadline or self._stop.is_set():
+                    raise StartupError(str(exc)) from exc
+                log.warning("%s; retrying in %.1f s", exc, delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    def start(self) -> None:
+        from .claims import KubeClaimReader
+        from .dra_server import start_dra_server
+        from .publisher import SlicePublisher
+        from .registration import start_registration
+        from .state import DriverState
+
+        cfg = self.cfg
+        try:
+            self._snap = self._discover_snapshot()
+        except (OSError, ValueError) as exc:
+            raise StartupError(f"discovery failed: {exc}") from exc
+        self.health_monitor.update_snapshot(self._snap)
+        self.client = self._connect()
+        try:
+            self.state = DriverState(
+                cfg.driver_name,
+                cfg.node_name,
+                cfg.cdi_root,
+                cfg.state_dir,
+                cfg.root,
+                KubeClaimReader(self.client),
+                self.snapshot,
+            )
+            self.dra = start_dra_server(
+                cfg.plugins_dir, self.state, self.health_monitor, snapshot_fn=self.snapshot
+            )
+            self.registrar = start_registration(
+                cfg.registrar_dir, cfg.driver_name, self.dra.endpoint, self.dra.supported_versions
+            )
+        except (OSError, ValueError) as exc:
+            self.stop()
+            raise StartupError(f"cannot serve the kubelet: {exc}") from exc
+        log.info(
+            "serving %s on %s, registration at %s",
+            cfg.driver_name,
+            self.dra.endpoint,
+            cfg.registrar_dir,
+        )
+
+        self.publisher = SlicePublisher(
+            self.client,
+            cfg.driver_name,
+            cfg.node_name,
+            max_devices_per_slice=cfg.normalize.max_devices_per_slice,
+            resync_seconds=cfg.resync_interval,
+        )
+        self._publish_desired()
+        self.publisher.start()
+        self._spawn(self._health_pump, "health-pump")
+        for source in self.event_sources:
+            self._spawn(self._event_loop_for(source), "health-events")
+        if self.health_monitor.link_reader is not None:
+            self._spawn(self._link_loop, "link-poll")
+        self._spawn(self._rediscover_loop, "rediscover")
+        self._start_hotplug()
+        if cfg.http_addr:
+            self._start_http(cfg.http_addr)
+
+    def _start_http(self, addr: str) -> None:
+        from .http_server import HttpServer
+
+        try:
+            self.http = HttpServer(addr, self).start()
+        except OSError as exc:
+            self.stop()
+            raise StartupError(f"--http-addr {addr}: {exc}") from exc
+        log.info("HTTP on %s", self.http.url)
+
+    def _start_hotplug(self) -> None:
+        from .hotplug import Debouncer, start_udev
+
+        self.debouncer = Debouncer(self._rediscover_quietly)
+        if self.cfg.live:
+            self.udev = start_udev(self.debouncer)
+
+    def _spawn(self, target: Callable[[], None], name: str) -> None:
+        t = threading.Thread(target=target, name=name, daemon=True)
+        t.start()
+        self._threads.append(t)
+
+    # -- loops ---------------------------------------------------------------------------
+
+    def _publish_desired(self) -> None:
+        snap, pub = self._snap, self.publisher
+        if snap is None or pub is None:
+            return
+        devices = list(snap.devices) + self.health_monitor.lost_devices()
+        pub.set_devices(devices, self.health_monitor.taints())
+
+    def rediscover(self) -> bool:
+        """Discover again; True when the published devices changed."""
+        started = time.monotonic()
+        try:
+            snap = self._discover_snapshot()
+        except Exception as exc:  # a bad rediscovery keeps the last good snapshot
+            self.last_discovery_error = f"discovery failed: {exc}"
+            log.exception("rediscovery failed; keeping the previous snapshot")
+            return False
+        self.last_discovery_error = ""
+        old = self._snap
+        self._snap = snap
+        self.health_monitor.update_snapshot(snap)
+        changed = old is None or list(old.devices) != list(snap.devices)
+        self._publish_desired()
+        log.debug("rediscovery took %.2f s", time.monotonic() - started)
+        if changed:
+            log.info("devices changed: %d device(s) now", len(snap.devices))
+        return changed
+
+    def _rediscover_quietly(self) -> None:
+        self.rediscover()
+
+    def _rediscover_loop(self) -> None:
+        while not self._stop.wait(self.cfg.rediscover_interval):
+            self.rediscover()
+
+    def _health_pump(self) -> None:
+        version = self.health_monitor.version
+        while not self._stop.is_set():
+            new = self.health_monitor.wait_change(version, 0.5)
+            if new != version:
+                version = new
+                self._publish_desired()
+
+    def _event_loop(self, source: EventSource) -> None:
+        while not self._stop.is_set():
+            try:
+                events = source.poll(0.5)
+            except Exception:
+                log.exception("health event source failed; retrying")
+                self._stop.wait(5)
+                continue
+            if events:
+                self.health_monitor.report_many(events)
+        source.close()
+
+    def add_event_source(self, source: EventSource) -> None:
+        """Start feeding ``source``'s events into health (after :meth:`start`)."""
+        self.event_sources.append(source)
+        self._spawn(self._event_loop_for(source), "health-events")
+
+    def _event_loop_for(self, source: EventSource) -> Callable[[], None]:
+        return lambda: self._event_loop(source)
+
+    def _link_loop(self) -> None:
+        while not self._stop.wait(LINK_POLL_S):
+            try:
+                self.health_monitor.poll_links()
+            except Exception:
+                log.exception("reading NIC link state failed")
+
+    # -- stop ----------------------------------------------------------------------------
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self._stop.wait(timeout)
+
+    def stop(self, grace: float = 5.0) -> None:
+        """Deregister, finish in-flight calls, remove our sockets; keep checkpoint and slices."""
+        self._stop.set()
+        if self.registrar is not None:
+            self.registrar.stop()
+        if self.dra is not None:
+            self.dra.stop(grace)
+        if self.udev is not None:
+            self.udev.stop()
+        if self.debouncer is not None:
+            self.debouncer.stop()
+        if self.publisher is not None:
+            self.publisher.stop()
+        if self.http is not None:
+            self.http.stop()
+        for t in self._threads:
+            t.join(2)
+        log.info("stopped")
