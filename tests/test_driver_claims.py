@@ -44,7 +44,7 @@ def api() -> Iterator[tuple[Api, ApiClient]]:
             pass
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     cfg = Configuration(host=f"http://127.0.0.1:{server.server_address[1]}")
     client = ApiClient(cfg)

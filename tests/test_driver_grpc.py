@@ -284,3 +284,22 @@ def test_stop_keeps_a_newer_instances_socket(short_tmp: Path) -> None:
         stub.NodePrepareResources(dra_v1_pb2.NodePrepareResourcesRequest(), timeout=5)
     second.stop()
     assert not Path(second.dra.endpoint).exists()
+
+
+def test_stop_ends_open_health_streams_and_removes_only_own_sockets(short_tmp: Path) -> None:
+    feed = FakeHealth([DeviceHealth(NODE, d["name"], "Healthy") for d in snapshot().devices])
+    n = Node(short_tmp, feed)
+    ch = channel(n.dra.endpoint)
+    stream = drahealth_v1alpha1_pb2_grpc.DRAResourceHealthStub(ch).NodeWatchResources(
+        drahealth_v1alpha1_pb2.NodeWatchResourcesRequest(), timeout=30
+    )
+    next(stream)
+    t0 = time.monotonic()
+    n.stop()
+    with pytest.raises((StopIteration, grpc.RpcError)):
+        while True:
+            next(stream)
+    assert time.monotonic() - t0 < 5
+    assert os.listdir(n.plugins) == [] and os.listdir(n.registry) == []
+    assert n.state.checkpoint_path.exists()
+    ch.close()
