@@ -363,10 +363,10 @@ class _Conn(asyncio.Protocol):
             self._error(rej.status, rej.text)
         except httptools.HttpParserError as exc:
             # A limit raised in a callback arrives wrapped in HttpParserCallbackError.
-            rej = exc.__context__ if isinstance(exc.__context__, _Reject) else None
-            if rej is not None:
-                self.server.stats.reject(rej.why)
-                self._error(rej.status, rej.text)
+            cause = exc.__context__ if isinstance(exc.__context__, _Reject) else None
+            if cause is not None:
+                self.server.stats.reject(cause.why)
+                self._error(cause.status, cause.text)
             else:
                 self.server.stats.reject("malformed")
                 self._error(400, b"malformed request\n")

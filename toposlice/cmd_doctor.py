@@ -85,7 +85,7 @@ def report_table(report: dict[str, Any]) -> str:
         f"{s['matched']} matched to hardware; {s['errors']} errors, {s['warnings']} warnings",
         "",
     ]
-    rows = [("DRIVER", "POOLS", "DEVICES", "MATCHED", "ON NODE", "FINDINGS")]
+    rows: list[tuple[str, ...]] = [("DRIVER", "POOLS", "DEVICES", "MATCHED", "ON NODE", "FINDINGS")]
     for d in report["drivers"]:
         on = "?" if d["on_node"] is None else ("yes" if d["on_node"] else "NO")
         rows.append(
