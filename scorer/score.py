@@ -34,6 +34,10 @@ from .topology import CpuView, GpuView, NicView, NodeTopology
 REF_GBPS = 721.8
 #: Future multi-GPU demand by size (share of multi-GPU jobs in bench/placement.py's mix).
 FUTURE_SIZES: dict[int, float] = {2: 0.3, 4: 0.3, 8: 0.4}
+#: Weight of whole free nodes (pods of jobs larger than a node) next to ``FUTURE_SIZES``.
+WHOLE_NODE = 2.0
+#: Share of a free block's worth that comes from its existence rather than its speed.
+COUNT_SHARE = 0.2
 #: Above this many subsets, a node's best block is estimated greedily.
 ENUM_LIMIT = 3000
 
@@ -95,22 +99,42 @@ class Placement:
 
 
 class NodeState:
-    """A node's graph view plus what is free on it for one request."""
+    """A node's graph view plus what is free on it for one request (any GPU count: the
+    filters depend on memory and attributes only, so one state serves every count)."""
 
     def __init__(self, topo: NodeTopology, occ: Occupancy | None, req: Request) -> None:
         occ = occ or Occupancy()
         used = occ.used(topo.pool)
         busy = occ.busy_memory(topo.pool)
         self.topo = topo
-        self.all_free_gpus = tuple(g for g in topo.gpus if g.dra_device not in used)
-        self.free_gpus = tuple(g for g in self.all_free_gpus if gpu_eligible(g, req))
-        self.free_nics = tuple(n for n in topo.nics if n.dra_device not in used)
-        self.free_cpus = tuple(c for c in topo.cpus if c.dra_device not in used)
-        busy_gpus = [g for g in topo.gpus if g.dra_device in busy]
+        if used:
+            self.all_free_gpus = tuple(g for g in topo.gpus if g.dra_device not in used)
+            self.free_nics = tuple(n for n in topo.nics if n.dra_device not in used)
+            self.free_cpus = tuple(c for c in topo.cpus if c.dra_device not in used)
+        else:
+            self.all_free_gpus, self.free_nics, self.free_cpus = topo.gpus, topo.nics, topo.cpus
+        filtered = req.min_gpu_memory or req.gpu_attributes
+        self.free_gpus = (
+            tuple(g for g in self.all_free_gpus if gpu_eligible(g, req))
+            if filtered
+            else self.all_free_gpus
+        )
+        busy_gpus = [g for g in topo.gpus if g.dra_device in busy] if busy else []
         self.busy_switches = Counter(g.switch for g in busy_gpus)
         self.busy_roots = Counter(g.pcie_root for g in busy_gpus)
-        self.free_key = frozenset(g.vid for g in self.all_free_gpus)
-        self.frag_before = block_value(topo, self.all_free_gpus)
+        self.key = (
+            topo.signature,
+            frozenset(used),
+            frozenset(busy),
+            tuple(g.vid for g in self.free_gpus) if filtered else None,
+        )
+        self._frag_before: float | None = None
+
+    @property
+    def frag_before(self) -> float:
+        if self._frag_before is None:
+            self._frag_before = block_value(self.topo, self.all_free_gpus)
+        return self._frag_before
 
 
 def gpu_eligible(g: GpuView, req: Request) -> bool:
@@ -168,15 +192,21 @@ def greedy_sets(
 
 
 def block_value(topo: NodeTopology, free: Sequence[GpuView]) -> float:
-    """The node's worth to jobs that need well-connected GPUs: for each future size, pack
-    disjoint best blocks greedily and add GPUs × busbw, weighted by the size mix, in units of
-    a full 8-GPU board at ``REF_GBPS``."""
+    """The node's worth to future multi-GPU jobs: for each future size, pack disjoint best
+    blocks greedily and add GPUs × block worth (``block_worth``), weighted by the size mix;
+    a whole free node with a NIC per GPU also counts as a pod of a job larger than a node.
+    In units of a full 8-GPU board at ``REF_GBPS``."""
     key = (topo.signature, frozenset(g.vid for g in free))
     value = _BLOCK_CACHE.get(key)
     if value is None:
         value = 0.0
         for size, weight in FUTURE_SIZES.items():
             value += weight * _packed_gbps(topo, list(free), size)
+        if free and len(free) == len(topo.gpus) and _network_ready(topo):
+            # A whole free node is what a job larger than any node is made of.
+            # Worth counted in admissions, not speed: without whole nodes such a job
+            # cannot run at all.
+            value += WHOLE_NODE * len(free) * REF_GBPS
         value /= REF_GBPS * 8
         if len(_BLOCK_CACHE) > 200_000:
             _BLOCK_CACHE.clear()
@@ -184,10 +214,20 @@ def block_value(topo: NodeTopology, free: Sequence[GpuView]) -> float:
     return value
 
 
+def _network_ready(topo: NodeTopology) -> bool:
+    return sum(1 for n in topo.nics if n.rdma) >= len(topo.gpus) > 0
+
+
+def block_worth(bw: float) -> float:
+    """A block's worth per GPU, in GB/s: half for being a block at all (it admits a job),
+    half for how fast it is (it should go to the job that needs the speed)."""
+    return COUNT_SHARE * REF_GBPS + (1.0 - COUNT_SHARE) * bw
+
+
 def _packed_gbps(topo: NodeTopology, free: list[GpuView], size: int) -> float:
     xbar = crossbar_gbps(free) if free else None
     if xbar is not None:
-        return (len(free) // size) * size * xbar
+        return (len(free) // size) * size * block_worth(xbar)
     total = 0.0
     while len(free) >= size:
         if math.comb(len(free), size) <= ENUM_LIMIT:
@@ -200,7 +240,7 @@ def _packed_gbps(topo: NodeTopology, free: list[GpuView], size: int) -> float:
         bw = set_busbw(topo, block)
         if bw <= 0:
             break
-        total += size * bw
+        total += size * block_worth(bw)
         taken = {g.vid for g in block}
         free = [g for g in free if g.vid not in taken]
     return total

@@ -64,16 +64,7 @@ _NODE_CACHE: dict[tuple[Any, ...], list[Placement]] = {}
 
 
 def _cache_key(state: NodeState, req: Request, override: float | None) -> tuple[Any, ...]:
-    return (
-        state.topo.signature,
-        state.free_key,
-        frozenset(n.vid for n in state.free_nics),
-        frozenset(c.vid for c in state.free_cpus),
-        tuple(sorted(state.busy_switches.items())),
-        tuple(sorted((str(k), v) for k, v in state.busy_roots.items())),
-        req.key(),
-        override,
-    )
+    return (state.key, req.key(), override)
 
 
 def node_placements(
@@ -171,6 +162,20 @@ def _structured(state: NodeState, req: Request, override: float | None) -> list[
 
 def nvlink_domains(nodes: Sequence[NodeTopology]) -> dict[str, list[NodeTopology]]:
     """Domains that span nodes (fabric cliques), with their member nodes."""
+    key = tuple(id(t) for t in nodes)
+    hit = _DOMAINS_CACHE.get(key)
+    if hit is not None:
+        return hit
+    found = _nvlink_domains(nodes)
+    _DOMAINS_CACHE.clear()
+    _DOMAINS_CACHE[key] = found
+    return found
+
+
+_DOMAINS_CACHE: dict[tuple[int, ...], dict[str, list[NodeTopology]]] = {}
+
+
+def _nvlink_domains(nodes: Sequence[NodeTopology]) -> dict[str, list[NodeTopology]]:
     out: dict[str, list[NodeTopology]] = {}
     for t in nodes:
         doms = {g.nvlink_domain for g in t.gpus if g.nvlink_domain}
@@ -212,20 +217,27 @@ def _combine(pods: Sequence[Placement], req: Request, busbw: float, kind: str) -
 
 
 def domain_placement(
-    members: Sequence[NodeTopology], occ: Occupancy | None, req: Request
+    members: Sequence[NodeTopology],
+    occ: Occupancy | None,
+    req: Request,
+    states: dict[str, NodeState] | None = None,
 ) -> ClusterPlacement | None:
     """Best placement of ``req`` inside one multi-node NVLink domain (DP over its nodes)."""
-    states = [NodeState(t, occ, req) for t in members if node_eligible(t, req)]
-    if sum(len(s.free_gpus) for s in states) < req.gpus:
+    states_in = states or {}
+    states = None
+    live = [
+        states_in.get(t.name) or NodeState(t, occ, req) for t in members if node_eligible(t, req)
+    ]
+    if sum(len(s.free_gpus) for s in live) < req.gpus:
         return None
-    bw = min((g.nvswitch_gbps for s in states for g in s.free_gpus), default=0.0)
+    bw = min((g.nvswitch_gbps for s in live for g in s.free_gpus), default=0.0)
     k = req.gpus
     # options[i][c] = best pod with c GPUs on node i.
     options: list[dict[int, Placement]] = []
-    for s in states:
+    for s in live:
         opt: dict[int, Placement] = {}
         for c in range(1, min(len(s.free_gpus), k) + 1):
-            found = node_placements(s.topo, occ, req.with_gpus(c), 1, bw, state=None)
+            found = node_placements(s.topo, occ, req.with_gpus(c), 1, bw, state=s)
             if found:
                 opt[c] = found[0]
         options.append(opt)
@@ -250,33 +262,43 @@ def domain_placement(
     return _combine(dp[k][1], req, bw, "nvlink-domain")
 
 
+#: Pod sizes a job larger than a node may be cut into (equal pods, one per node).
+POD_SIZES = (8, 4, 2)
+
+
 def multi_node_placement(
-    nodes: Sequence[NodeTopology], occ: Occupancy | None, req: Request
+    nodes: Sequence[NodeTopology],
+    occ: Occupancy | None,
+    req: Request,
+    states: dict[str, NodeState] | None = None,
 ) -> ClusterPlacement | None:
-    """Whole-node pods over the NICs: the job's collective is bound by the slowest pod (its
-    in-node ring, or its GPUs' derated NIC bandwidth)."""
-    by_size: dict[int, list[tuple[float, float, Placement]]] = {}
-    for t in nodes:
-        n = len(t.gpus)
-        if n == 0 or req.gpus % n or not node_eligible(t, req):
-            continue
-        state = NodeState(t, occ, req)
-        if len(state.free_gpus) < n:
-            continue
-        found = node_placements(t, occ, req.with_gpus(n), 1, state=state)
-        if not found:
-            continue
-        p = found[0]
-        bw = pod_network_gbps(t, p)
-        by_size.setdefault(n, []).append((p.score, bw, p))
+    """Equal pods over the NICs, one per node: the job's collective runs at its slowest pod
+    (in-node ring, or its GPUs' derated NIC bandwidth). Pod sizes are tried largest first;
+    among nodes the fastest pods win, then the best pod terms (locality, capacity lost)."""
     best: ClusterPlacement | None = None
-    for n, pods in by_size.items():
+    given = states or {}
+    live = [
+        given.get(t.name) or NodeState(t, occ, req)
+        for t in nodes
+        if t.gpus and node_eligible(t, req)
+    ]
+    for n in POD_SIZES:
         need = req.gpus // n
+        if req.gpus % n or need < 2:
+            continue
+        pods: list[tuple[float, float, Placement]] = []
+        for st in live:
+            if len(st.free_gpus) < n or len(st.topo.gpus) < n:
+                continue
+            found = node_placements(st.topo, occ, req.with_gpus(n), 1, state=st)
+            if found:
+                p = found[0]
+                pods.append((pod_network_gbps(st.topo, p), _pod_term(p, req, req.gpus), p))
         if len(pods) < need:
             continue
-        pods.sort(key=lambda x: (-x[1], -x[0], x[2].node))
+        pods.sort(key=lambda x: (-round(x[0], 6), -x[1], x[2].node))
         chosen = pods[:need]
-        bw = min(b for _, b, _ in chosen)
+        bw = min(b for b, _, _ in chosen)
         cand = _combine([p for _, _, p in chosen], req, bw, "multi-node")
         if best is None or cand.score > best.score:
             best = cand
@@ -306,14 +328,70 @@ def pod_network_gbps(t: NodeTopology, p: Placement) -> float:
     return min(intra, min(nic_gbps(t, g, best[g.vid], users[best[g.vid].vid]) for g in gpus))
 
 
+#: Future jobs only a multi-node NVLink domain serves at NVLink speed, by size (the >8-GPU
+#: part of bench/placement.py's mix, on the same scale as ``score.FUTURE_SIZES``).
+DOMAIN_SIZES: dict[int, float] = {16: 0.2, 32: 0.15, 64: 0.1}
+
+
+#: Every free GPU of a multi-node domain is worth this much (× its block worth) to the
+#: domain-sized jobs to come, on top of the whole blocks: a smooth pull toward other nodes.
+DOMAIN_PER_GPU = 0.3
+
+
+def _domain_value(free: int, bw: float) -> float:
+    from .score import REF_GBPS, block_worth
+
+    worth = block_worth(bw)
+    blocks = sum(w * (free // s) * s for s, w in DOMAIN_SIZES.items())
+    return (blocks + DOMAIN_PER_GPU * free) * worth / (REF_GBPS * 8)
+
+
+@dataclass(frozen=True)
+class _DomainInfo:
+    free: int
+    bw: float
+
+
+def _domain_adjusted(
+    c: ClusterPlacement,
+    node_domain: dict[str, str],
+    info: dict[str, _DomainInfo],
+    req: Request,
+) -> ClusterPlacement:
+    """Charge a placement for the big blocks it takes out of multi-node NVLink domains (a
+    node-local view cannot see that a tray's last free GPUs complete a rack's 64-GPU block).
+    The charge is the same for every set of equal size on one node, so it only re-ranks
+    nodes and placement kinds."""
+    taken: dict[str, int] = {}
+    for p in c.pods:
+        d = node_domain.get(p.node)
+        if d is not None:
+            taken[d] = taken.get(d, 0) + len(p.gpus)
+    loss = sum(
+        _domain_value(info[d].free, info[d].bw) - _domain_value(info[d].free - k, info[d].bw)
+        for d, k in taken.items()
+    )
+    if loss <= 0:
+        return c
+    w = weights(req)
+    penalty = 100.0 * w["fragmentation"] * loss / (sum(w.values()) or 1.0)
+    parts = {**c.parts, "domain_capacity_loss": loss}
+    return ClusterPlacement(c.pods, c.score - penalty, parts, c.kind)
+
+
 def place(
     nodes: Sequence[NodeTopology], occ: Occupancy | None, req: Request, top: int = 5
 ) -> list[ClusterPlacement]:
-    """Ranked placements of ``req`` over ``nodes``: single-node ones, then (when the job needs
-    more than a node) one NVLink domain when it fits, else whole-node pods over the NICs."""
+    """Ranked placements of ``req`` over ``nodes``: single-node ones, one NVLink domain when
+    the job is larger than its nodes, and (beyond a node, or when nothing else fits) equal
+    pods over the NICs — all on one score, with domain capacity charged."""
+    states = {t.name: NodeState(t, occ, req) for t in nodes if node_eligible(t, req)}
     out: list[ClusterPlacement] = []
     for t in nodes:
-        for p in node_placements(t, occ, req, top):
+        st = states.get(t.name)
+        if st is None:
+            continue
+        for p in node_placements(t, occ, req, top, state=st):
             out.append(
                 ClusterPlacement((p,), p.score, {"busbw_gbps": p.parts["busbw_gbps"]}, "node")
             )
@@ -322,12 +400,23 @@ def place(
     for members in domains.values():
         per_node = max(len(t.gpus) for t in members)
         if req.gpus > per_node:
-            cand = domain_placement(members, occ, req)
+            cand = domain_placement(members, occ, req, states)
             if cand is not None:
                 out.append(cand)
-    if req.gpus > max_node and not any(c.kind == "nvlink-domain" for c in out):
-        cand = multi_node_placement(nodes, occ, req)
+    if req.gpus > max_node or (not out and req.gpus > 2):
+        # Beyond a node; or, when nothing else fits, split over NICs rather than refuse.
+        cand = multi_node_placement(nodes, occ, req, states)
         if cand is not None:
             out.append(cand)
+    if domains and out:
+        node_domain = {t.name: d for d, members in domains.items() for t in members}
+        info = {
+            d: _DomainInfo(
+                sum(len(states[t.name].all_free_gpus) if t.name in states else 0 for t in ms),
+                min(g.nvswitch_gbps for t in ms for g in t.gpus),
+            )
+            for d, ms in domains.items()
+        }
+        out = [_domain_adjusted(c, node_domain, info, req) for c in out]
     out.sort(key=lambda c: (-round(c.score, 9), c.pods[0].node, c.pods[0].devices))
     return out[:top]

@@ -1,0 +1,339 @@
+"""Placement benchmark: the scorer vs first-fit vs random on a mixed GPU cluster.
+
+Cluster (graphs from the shipped fake machines, discovered once and renamed per node):
+16 DGX H100 (NVSwitch inside, one PXB NIC per GPU), 16 PCIe-only 8-GPU boxes
+(``pcie-8gpu``: GPU pairs + a NIC per PCIe switch, two switches per socket) and two GB200
+NVL72 racks (18 ``gb200-nvl72-tray`` nodes of 4 GPUs each, one NVLink domain per rack) —
+400 GPUs.
+
+Job stream (generated, seeded; no trace shipped), calibrated on the published statistics in
+``../shared/reference/placement-models.md`` §3:
+
+* sizes 1/2/4/8/16/32/64 GPUs with weights .60/.10/.10/.12/.04/.025/.015: median 1 (every
+  trace), mean 4.6 GPUs — between Helios (3.72) and Acme Seren (5.68); the 2023 Alibaba
+  trace's jump at 8 GPUs (0.6 % of pods, 13.6 % of GPU-time) is kept as a bump at 8;
+* run times lognormal with median 1,186 s and p90 12,860 s (Philly runtimes, §3.2:
+  sigma = ln(12860/1186)/1.2816 = 1.86), clipped to [60 s, 7 days]; the mean (~6.7 ks)
+  matches Helios' 6,652 s;
+* Poisson arrivals at an offered load of ``--load`` × cluster GPUs (default 1.1: a
+  busy cluster, so placement quality shows up in admissions);
+* patterns: 1 GPU → independent / inference-prefill / inference-decode (memory bound);
+  2–8 → tensor-parallel (communication bound) / inference-decode / data-parallel;
+  > 8 → data-parallel / pipeline-parallel with one NIC per GPU. No queue: a job that does
+  not fit when it arrives is rejected (that is what ``admitted`` counts).
+
+Policies:
+
+* ``scorer`` — ``scorer.search.place`` (single node, one NVLink domain, or whole-node pods);
+* ``first-fit`` — nodes in a fixed (seeded, shuffled) order as a default scheduler without
+  topology knowledge would meet them, devices first-fit in ResourceSlice order (what the
+  stock allocator does); jobs beyond a node become pods of 8 on 8-GPU nodes, else pods of 4
+  on trays, wherever they fit;
+* ``random`` — a random fitting node and random free devices (same pod shapes).
+
+Every admitted multi-GPU job's bus bandwidth comes from the same model
+(``scorer.bandwidth``): in one node its ring; in one NVLink domain the NVLink crossbar;
+otherwise the slowest pod, bound by its GPUs' NIC paths (each GPU uses the closest NIC its
+pod was given, as NCCL does). ``stranded_gpu_frac`` is, averaged over arrivals, the share of
+the cluster's GPUs that are free but cannot form a pair at their node's best pair bandwidth
+(a PCIe GPU whose switch partner is busy, the last free GPU of a DGX) — placement-models
+§4.3's count for the smallest multi-GPU shape.
+
+The LAST line printed is one JSON object:
+``{"policies": {"scorer": {...}, "first-fit": {...}, "random": {...}}}``.
+
+Run: ``python3 bench/placement.py`` (about two minutes on 2 cores; ``--jobs`` to change).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import heapq
+import json
+import math
+import random
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# Run as a script, sys.path[0] is bench/ — whose sibling scripts (bench/http.py) would
+# shadow standard modules; import from the repository root instead.
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+sys.path.insert(0, str(_HERE.parent))
+
+from scorer.bandwidth import busbw_gbps
+from scorer.request import Occupancy, Request
+from scorer.score import Placement, set_busbw
+from scorer.search import ClusterPlacement, place, pod_network_gbps
+from scorer.topology import NodeTopology, fake_graph, from_graph, rename_graph
+
+SIZES = {1: 0.60, 2: 0.10, 4: 0.10, 8: 0.12, 16: 0.04, 32: 0.025, 64: 0.015}
+RUN_MEDIAN_S = 1186.0
+RUN_SIGMA = math.log(12860 / 1186) / 1.2816
+RUN_CLIP = (60.0, 7 * 86400.0)
+
+
+@dataclass(frozen=True)
+class Job:
+    id: int
+    arrival: float
+    duration: float
+    req: Request
+
+
+def build_cluster() -> list[NodeTopology]:
+    nodes: list[NodeTopology] = []
+    for name, count in (("dgx-h100", 16), ("pcie-8gpu", 16)):
+        g = fake_graph(name)
+        nodes += [from_graph(rename_graph(g, f"{name}-{i:02d}")) for i in range(count)]
+    tray = fake_graph("gb200-nvl72-tray")
+    for rack in range(2):
+        for i in range(18):
+            g = copy.deepcopy(rename_graph(tray, f"nvl72-{rack}-tray-{i:02d}"))
+            for v in g["vertices"]:
+                if v["kind"] == "gpu":
+                    v["attrs"]["nvlink_clique"] = f"rack-{rack}.32766"
+            nodes.append(from_graph(g))
+    return nodes
+
+
+def job_stream(n: int, total_gpus: int, load: float, seed: int) -> list[Job]:
+    rng = random.Random(seed)
+    sizes, weights = zip(*SIZES.items(), strict=True)
+    mean_size = sum(s * w for s, w in SIZES.items())
+    mean_run = RUN_MEDIAN_S * math.exp(RUN_SIGMA**2 / 2)
+    rate = load * total_gpus / (mean_size * mean_run)
+    t = 0.0
+    jobs = []
+    for i in range(n):
+        t += rng.expovariate(rate)
+        k = rng.choices(sizes, weights)[0]
+        dur = min(
+            max(rng.lognormvariate(math.log(RUN_MEDIAN_S), RUN_SIGMA), RUN_CLIP[0]), RUN_CLIP[1]
+        )
+        if k == 1:
+            pattern, bound = rng.choice(
+                [
+                    ("independent", "compute"),
+                    ("inference-prefill", "compute"),
+                    ("inference-decode", "memory"),
+                ]
+            )
+        elif k <= 8:
+            pattern, bound = rng.choices(
+                [
+                    ("tensor-parallel", "communication"),
+                    ("inference-decode", "memory"),
+                    ("data-parallel", "communication"),
+                ],
+                [0.5, 0.25, 0.25],
+            )[0]
+        else:
+            pattern, bound = rng.choices(
+                [("data-parallel", "communication"), ("pipeline-parallel", "communication")],
+                [0.7, 0.3],
+            )[0]
+        req = Request(
+            gpus=k, nics_per_gpu=1 if k > 8 else 0, pattern=pattern, bound=bound, name=f"job-{i}"
+        )
+        jobs.append(Job(i, t, dur, req))
+    return jobs
+
+
+# ------------------------------------------------------------------ baseline policies
+
+
+def _free(t: NodeTopology, occ: Occupancy) -> tuple[list[Any], list[Any]]:
+    used = occ.used(t.pool)
+    return (
+        [g for g in t.gpus if g.dra_device not in used],
+        [n for n in t.nics if n.dra_device not in used],
+    )
+
+
+def _pod(t: NodeTopology, gpus: list[Any], nics: list[Any]) -> Placement:
+    devices = tuple(g.dra_device for g in gpus) + tuple(n.dra_device for n in nics)
+    return Placement(
+        t.name, tuple(g.vid for g in gpus), tuple(n.vid for n in nics), (), devices, 0.0
+    )
+
+
+def baseline(
+    nodes: list[NodeTopology],
+    occ: Occupancy,
+    req: Request,
+    pick: Callable[[list[Any], int], list[Any]],
+    order: Callable[[list[NodeTopology]], list[NodeTopology]],
+) -> ClusterPlacement | None:
+    k, per = req.gpus, req.nics_per_gpu
+
+    def pod_on(t: NodeTopology, c: int) -> Placement | None:
+        gpus, nics = _free(t, occ)
+        if len(gpus) < c or len(nics) < c * per:
+            return None
+        return _pod(t, pick(gpus, c), pick(nics, c * per) if per else [])
+
+    if k <= 8:
+        for t in order(nodes):
+            if len(t.gpus) >= k:
+                p = pod_on(t, k)
+                if p is not None:
+                    return ClusterPlacement((p,), 0.0)
+        return None
+    for pod_size in (8, 4):
+        pods = []
+        for t in order(nodes):
+            if len(t.gpus) != pod_size:
+                continue
+            p = pod_on(t, pod_size)
+            if p is not None:
+                pods.append(p)
+                if len(pods) * pod_size == k:
+                    return ClusterPlacement(tuple(pods), 0.0)
+    return None
+
+
+# ------------------------------------------------------------------ evaluation
+
+
+def job_busbw(by_name: dict[str, NodeTopology], cp: ClusterPlacement) -> float:
+    pods = cp.pods
+    if len(pods) == 1:
+        t = by_name[pods[0].node]
+        return set_busbw(t, [t.gpu(v) for v in pods[0].gpus])
+    gpus = [by_name[p.node].gpu(v) for p in pods for v in p.gpus]
+    domains = {g.nvlink_domain for g in gpus}
+    if len(domains) == 1 and None not in domains and next(iter(domains)).startswith("clique:"):
+        return min(g.nvswitch_gbps for g in gpus)
+    return min(pod_network_gbps(by_name[p.node], p) for p in pods)
+
+
+class Stranding:
+    """Free GPUs that cannot form a pair at their node's best pair bandwidth."""
+
+    def __init__(self, nodes: list[NodeTopology]) -> None:
+        self.best_pair: dict[str, float] = {}
+        for t in nodes:
+            if t.signature not in self.best_pair:
+                self.best_pair[t.signature] = max(
+                    (busbw_gbps(t, [a, b]) for i, a in enumerate(t.gpus) for b in t.gpus[i + 1 :]),
+                    default=0.0,
+                )
+
+    def count(self, nodes: list[NodeTopology], occ: Occupancy) -> int:
+        stranded = 0
+        domain_free: dict[str, int] = {}
+        for t in nodes:
+            free, _ = _free(t, occ)
+            for g in free:
+                if g.nvlink_domain and g.nvlink_domain.startswith("clique:"):
+                    domain_free[g.nvlink_domain] = domain_free.get(g.nvlink_domain, 0) + 1
+            if free and free[0].nvlink_domain and free[0].nvlink_domain.startswith("clique:"):
+                continue
+            best = self.best_pair[t.signature]
+            for g in free:
+                if not any(h is not g and set_busbw(t, [g, h]) >= best - 1e-9 for h in free):
+                    stranded += 1
+        stranded += sum(1 for n in domain_free.values() if n == 1)
+        return stranded
+
+
+def run_policy(name: str, nodes: list[NodeTopology], jobs: list[Job], seed: int) -> dict[str, Any]:
+    by_name = {t.name: t for t in nodes}
+    total = sum(len(t.gpus) for t in nodes)
+    occ = Occupancy()
+    rng = random.Random(seed)
+    fixed = list(nodes)
+    random.Random(seed + 1).shuffle(fixed)
+    strand = Stranding(nodes)
+
+    def decide(req: Request) -> ClusterPlacement | None:
+        if name == "scorer":
+            found = place(nodes, occ, req, top=1)
+            return found[0] if found else None
+        if name == "first-fit":
+            return baseline(nodes, occ, req, lambda xs, c: xs[:c], lambda ns: fixed)
+        return baseline(
+            nodes,
+            occ,
+            req,
+            lambda xs, c: rng.sample(xs, c),
+            lambda ns: rng.sample(ns, len(ns)),
+        )
+
+    departures: list[tuple[float, int, ClusterPlacement, bool]] = []
+    admitted, bws, decisions, stranded = 0, [], [], []
+    for job in jobs:
+        while departures and departures[0][0] <= job.arrival:
+            _, _, cp, memory = heapq.heappop(departures)
+            for p in cp.pods:
+                occ.allocated[by_name[p.node].pool] -= set(p.devices)
+                if memory:
+                    occ.memory_bound[by_name[p.node].pool] -= set(p.devices)
+        stranded.append(strand.count(nodes, occ) / total)
+        t0 = time.perf_counter()
+        cp = decide(job.req)
+        decisions.append((time.perf_counter() - t0) * 1000.0)
+        if cp is None:
+            continue
+        admitted += 1
+        memory = job.req.bound == "memory"
+        for p in cp.pods:
+            pool = by_name[p.node].pool
+            occ.allocated.setdefault(pool, set()).update(p.devices)
+            if memory:
+                occ.memory_bound.setdefault(pool, set()).update(p.devices)
+        if job.req.gpus > 1:
+            bws.append(job_busbw(by_name, cp))
+        heapq.heappush(departures, (job.arrival + job.duration, job.id, cp, memory))
+    decisions.sort()
+    p99 = decisions[min(len(decisions) - 1, int(math.ceil(0.99 * len(decisions))) - 1)]
+    return {
+        "jobs": len(jobs),
+        "admitted": admitted,
+        "mean_busbw_gbps": round(sum(bws) / len(bws), 2) if bws else 0.0,
+        "stranded_gpu_frac": round(sum(stranded) / len(stranded), 4),
+        "p99_decision_ms": round(p99, 3),
+        "mean_decision_ms": round(sum(decisions) / len(decisions), 3),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--jobs", type=int, default=3000)
+    ap.add_argument("--load", type=float, default=1.1, help="offered load (× cluster GPUs)")
+    ap.add_argument("--seed", type=int, default=7)
+    args = ap.parse_args(argv)
+    t0 = time.perf_counter()
+    nodes = build_cluster()
+    total = sum(len(t.gpus) for t in nodes)
+    jobs = job_stream(args.jobs, total, args.load, args.seed)
+    print(
+        f"cluster: {len(nodes)} nodes, {total} GPUs (built in {time.perf_counter() - t0:.1f}s); "
+        f"{len(jobs)} jobs over {jobs[-1].arrival / 3600:.1f} h, load {args.load}",
+        file=sys.stderr,
+    )
+    out: dict[str, dict[str, Any]] = {}
+    for policy in ("scorer", "first-fit", "random"):
+        t1 = time.perf_counter()
+        out[policy] = run_policy(policy, nodes, jobs, args.seed)
+        print(f"{policy:10s} {out[policy]}  ({time.perf_counter() - t1:.1f}s)", file=sys.stderr)
+    s, f = out["scorer"], out["first-fit"]
+    ratio = s["mean_busbw_gbps"] / f["mean_busbw_gbps"] if f["mean_busbw_gbps"] else math.inf
+    print(
+        f"targets: admitted {s['admitted']} >= {f['admitted']}: {s['admitted'] >= f['admitted']}; "
+        f"busbw ratio {ratio:.2f} >= 1.5: {ratio >= 1.5}; "
+        f"p99 {s['p99_decision_ms']} ms <= 50: {s['p99_decision_ms'] <= 50}",
+        file=sys.stderr,
+    )
+    print(json.dumps({"policies": out}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
