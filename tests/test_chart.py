@@ -230,63 +230,122 @@ def command_parser(command: str) -> Any:
     return cli.build_parser(command)
 
 
-@pytest.mark.parametrize("variant", ["default", "fake", "all-options", "beside-vendor-gpu-driver"])
-def test_daemonset_command_line_parses_with_toposlice_run(variant: str) -> None:
-    spec = node_plugin(render(VARIANTS[variant]))
+def parsed_command(spec: dict[str, Any], node: str = "node-a") -> tuple[str, Any]:
+    """(command, argparse namespace) of the node plugin container, after Kubernetes'
+    ``$(VAR)`` expansion, through the real ``toposlice`` parser of that command."""
     (c,) = spec["containers"]
-    env = container_env(c, "node-a")
+    assert c["command"] == ["toposlice"]
+    env = container_env(c, node)
     args = [expand(a, env) for a in c["args"]]
-    assert c["command"] == ["toposlice"] and args[0] == "run"
+    ns = command_parser(args[0]).parse_args(args)
+    assert ns.command == args[0]
+    return args[0], ns
+
+
+def run_config(spec: dict[str, Any]) -> Any:
+    """The daemon's :class:`DaemonConfig`, built by the driver's own ``load_config`` from the
+    DaemonSet's command line and environment (as the container would see them)."""
+    command, ns = parsed_command(spec)
+    assert command == "run"
+    config = pytest.importorskip("driver.config", reason="driver/config.py not there yet")
+    from toposlice.sources import host_root, normalize_options
+
+    (c,) = spec["containers"]
+    root = container_env(c, "node-a").get("HOST_ROOT")
+    return config.load_config(ns, host_root(ns.root or root), not ns.fake, normalize_options(ns))
+
+
+def dir_flags() -> list[str]:
+    """The ``toposlice run`` options that name a directory (metavar DIR) of the driver."""
     parser = command_parser("run")
-    ns = parser.parse_args(args)
-    assert ns.command == "run"
-    assert ns.node_name == "node-a"
-    assert ns.driver_name == "toposlice.dev"
-    assert ns.log_format == "json"
+    sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
+    run = sub.choices["run"]
+    group = next(g for g in run._action_groups if g.title == "driver")
+    return [a.option_strings[0] for a in group._group_actions if a.metavar == "DIR"]
+
+
+@pytest.mark.parametrize("variant", ["default", "fake", "all-options", "beside-vendor-gpu-driver"])
+def test_daemonset_command_line_is_a_valid_toposlice_run(variant: str) -> None:
+    values = VARIANTS[variant] or {}
+    cfg = run_config(node_plugin(render(values)))
+    assert cfg.node_name == "node-a"
+    assert cfg.driver_name == "toposlice.dev"
+    assert cfg.kubeconfig is None  # in-cluster service account
+    assert cfg.publish == frozenset(values.get("publish", ["gpu", "nic", "cpu"]))
+    assert cfg.log_format == "json"
+    assert cfg.live is not bool(values.get("fake"))
 
 
 @pytest.mark.parametrize("variant", ["default", "fake", "all-options"])
-def test_daemonset_directories_are_mounted(variant: str) -> None:
-    values = VARIANTS[variant]
+def test_daemonset_mounts_what_toposlice_run_uses(variant: str) -> None:
+    values = VARIANTS[variant] or {}
     spec = node_plugin(render(values))
+    cfg = run_config(spec)
     (c,) = spec["containers"]
     flags = flag_values(c["args"])
     mounted = mounts(spec)
-    # Sockets, CDI specs and the checkpoint are written: host paths, same path inside
+    # Every directory option of `toposlice run` is set explicitly (not left to a default
+    # that might not be mounted).
+    assert set(dir_flags()) <= set(flags), sorted(set(dir_flags()) - set(flags))
+    # Sockets, CDI specs and the checkpoint are written: host paths at the same path inside
     # (kubelet and the runtime resolve them on the host), writable.
-    plugin_dir = flags["--kubelet-plugins-directory-path"]
-    assert plugin_dir == "/var/lib/kubelet/plugins/toposlice.dev"
-    for flag in (
-        "--kubelet-registrar-directory-path",
-        "--kubelet-plugins-directory-path",
-        "--cdi-root",
-        "--state-dir",
-    ):
-        path = flags[flag]
-        assert mounted.get(path) == (path, False), f"{flag}={path} is not a writable host mount"
-    assert flags["--kubelet-registrar-directory-path"] == "/var/lib/kubelet/plugins_registry"
+    written = {cfg.registrar_dir, cfg.plugins_dir, cfg.cdi_root, cfg.state_dir}
+    for path in written:
+        assert mounted.get(path) == (path, False), f"{path} is not a writable host mount"
+    assert cfg.plugins_dir == "/var/lib/kubelet/plugins/toposlice.dev"
+    assert cfg.registrar_dir == "/var/lib/kubelet/plugins_registry"
     # Everything else from the host is read-only.
-    writable = {m for m, (host, ro) in mounted.items() if host and not ro}
-    assert writable == {
-        flags[f]
-        for f in (
-            "--kubelet-registrar-directory-path",
-            "--kubelet-plugins-directory-path",
-            "--cdi-root",
-            "--state-dir",
-        )
-    }
+    assert {m for m, (host, ro) in mounted.items() if host and not ro} == written
     env = container_env(c, "node-a")
-    if values and values.get("fake"):
-        assert flags["--fake"] == values["fake"]
+    if values.get("fake"):
         assert "HOST_ROOT" not in env
         assert not [m for m, (host, _) in mounted.items() if host in ("/sys", "/proc")]
     else:
-        root = env["HOST_ROOT"]
-        assert mounted[f"{root}/sys"] == ("/sys", True)
+        assert cfg.root == env["HOST_ROOT"]
+        assert mounted[f"{cfg.root}/sys"] == ("/sys", True)
         # The checkpoint's boot id: <root>/proc/sys/kernel/random/boot_id.
-        assert mounted[f"{root}/proc"] == ("/proc", True)
-        assert mounted[f"{root}/etc/hostname"] == ("/etc/hostname", True)
+        assert mounted[f"{cfg.root}/proc"] == ("/proc", True)
+        assert mounted[f"{cfg.root}/etc/hostname"] == ("/etc/hostname", True)
+    # The HTTP server listens on the container port the probes and the Service use.
+    port = int(cfg.http_addr.rsplit(":", 1)[1])
+    assert [p["containerPort"] for p in c["ports"] if p["name"] == "http"] == [port]
+
+
+def env_vars_read() -> set[str]:
+    """Environment variables the code reads: ``os.environ.get("X")``, ``os.getenv("X")``,
+    ``os.environ["X"]`` and driver/config.py's ``_env("X")``."""
+    names: set[str] = set()
+    for pkg in ("toposlice", "driver", "discovery"):
+        for path in (REPO / pkg).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                arg: ast.AST | None = None
+                if isinstance(node, ast.Call) and node.args:
+                    f = node.func
+                    name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
+                    if name in ("get", "getenv", "_env"):
+                        arg = node.args[0]
+                elif isinstance(node, ast.Subscript):
+                    if ast.unparse(node.value) == "os.environ":
+                        arg = node.slice
+                if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                    names.add(arg.value)
+    return names
+
+
+@pytest.mark.parametrize("variant", ["default", "fake", "observe"])
+def test_daemonset_env_is_read_by_the_code(variant: str) -> None:
+    (c,) = node_plugin(render(VARIANTS[variant]))["containers"]
+    command_parser(c["args"][0])  # skips while that command does not exist
+    expanded = set(re.findall(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", " ".join(c["args"])))
+    unread = {e["name"] for e in c["env"]} - env_vars_read() - expanded
+    assert not unread, f"environment neither the code nor the args use: {sorted(unread)}"
+
+
+def test_daemonset_node_name_comes_from_the_downward_api() -> None:
+    (c,) = node_plugin(render(None))["containers"]
+    (node_env,) = [e for e in c["env"] if e["name"] == "NODE_NAME"]
+    assert node_env["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    assert "--node-name=$(NODE_NAME)" in c["args"]
 
 
 @pytest.mark.parametrize("variant", ["default", "all-options"])
@@ -315,12 +374,18 @@ def test_daemonset_ports_probes_and_scheduling(variant: str) -> None:
 
 def test_observe_mode_writes_nothing() -> None:
     objs = render({"observe": True})
-    (c,) = node_plugin(objs)["containers"]
-    assert "--observe" in c["args"]
-    assert not [a for a in c["args"] if a.startswith("--publish")]
+    spec = node_plugin(objs)
     role = one(objs, "ClusterRole")
-    verbs = {v for r in role["rules"] for v in r["verbs"]}
-    assert verbs <= {"get", "list", "watch"}
+    assert role["rules"] == [
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"], "verbs": ["list"]}
+    ]
+    assert not [o for o in objs if o["kind"] == "DeviceClass"]
+    mounted = mounts(spec)
+    assert not [m for m, (host, ro) in mounted.items() if host and not ro]
+    command, ns = parsed_command(spec)
+    assert command == "serve" and ns.observe is True
+    assert ns.node_name == "node-a" and ns.driver == "toposlice.dev"
+    assert mounted[ns.plugins_registry] == (ns.plugins_registry, True)
 
 
 def test_scorer_is_wired_as_scheduler_extender() -> None:
