@@ -5,10 +5,11 @@ Start order (each step only once the one before worked):
 
 1. discovery through the injected ``discover`` callable (the CLI passes
    ``toposlice.sources.inventory_loader(args)``; nothing here imports a probe);
-2. the API server and the Node, retried for ``startup_timeout`` seconds, then
-   :class:`StartupError` (one line; the command exits 1);
-3. claim state (checkpoint, CDI specs), the DRA service socket, then the registration
+2. claim state (checkpoint, CDI specs), the DRA service socket, then the registration
    socket (so the kubelet never registers a plugin whose service is not up yet);
+3. the API server and the Node, retried for ``startup_timeout`` seconds; when that fails
+   the sockets are removed again and :class:`StartupError` says why in one line (the
+   command exits 1);
 4. the publisher, health pump, rediscovery (timer + udev on a live host) and the HTTP server.
 
 After start, an unreachable API server is waited out by the publisher (backoff); claims
@@ -71,6 +72,28 @@ def published_snapshot(snap: Snapshot, kinds: frozenset[str]) -> Snapshot:
     return dataclasses.replace(snap, devices=devices, vertex_devices=vertex_devices)
 
 
+class ClaimReaderWhenConnected:
+    """The :class:`~driver.interfaces.ClaimReader` before and after the API server is
+    connected: a prepare that arrives first waits (bounded) instead of failing at once."""
+
+    def __init__(self, wait_s: float) -> None:
+        self.wait_s = wait_s
+        self._ready = threading.Event()
+        self._reader: Any = None
+
+    def connect(self, client: ApiClient) -> None:
+        from .claims import KubeClaimReader
+
+        self._reader = KubeClaimReader(client)
+        self._ready.set()
+
+    def get_claim(self, namespace: str, name: str) -> dict[str, Any]:
+        if not self._ready.wait(self.wait_s):
+            raise RuntimeError("not connected to the API server yet")
+        claim: dict[str, Any] = self._reader.get_claim(namespace, name)
+        return claim
+
+
 class Daemon:
     """Also the :class:`~driver.interfaces.ExporterView` of the HTTP server."""
 
@@ -90,6 +113,7 @@ class Daemon:
             link_reader = sysfs_link_reader(cfg.root)
         self.health_monitor = HealthMonitor(cfg.driver_name, link_reader=link_reader)
         self.client = api_client
+        self.claim_reader = ClaimReaderWhenConnected(cfg.startup_timeout + 5.0)
         self._snap: Snapshot | None = None
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -168,7 +192,6 @@ class Daemon:
                 delay = min(delay * 2, 5.0)
 
     def start(self) -> None:
-        from .claims import KubeClaimReader
         from .dra_server import start_dra_server
         from .publisher import SlicePublisher
         from .registration import start_registration
@@ -180,7 +203,9 @@ class Daemon:
         except (OSError, ValueError) as exc:
             raise StartupError(f"discovery failed: {exc}") from exc
         self.health_monitor.update_snapshot(self._snap)
-        self.client = self._connect()
+        # The kubelet side first: importing the kubernetes client takes longer than all
+        # of this, and registration should not wait for it. Claims that arrive before the
+        # API server is connected wait for it (see _ClaimReaderWhenConnected).
         try:
             self.state = DriverState(
                 cfg.driver_name,
@@ -188,7 +213,7 @@ class Daemon:
                 cfg.cdi_root,
                 cfg.state_dir,
                 cfg.root,
-                KubeClaimReader(self.client),
+                self.claim_reader,
                 self.snapshot,
             )
             self.dra = start_dra_server(
@@ -206,6 +231,12 @@ class Daemon:
             self.dra.endpoint,
             cfg.registrar_dir,
         )
+        try:
+            self.client = self._connect()
+        except StartupError:
+            self.stop(grace=1.0)
+            raise
+        self.claim_reader.connect(self.client)
 
         self.publisher = SlicePublisher(
             self.client,

@@ -145,9 +145,11 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "slices":
         import socket
 
+        from driver.config import check_names
         from normalize.slices import build_slices
 
         node = args.node_name or inv.hostname or socket.gethostname()
+        check_names(node, opts.driver)  # names the API server would refuse: say so
         dump(build_slices(inv, node, opts), args.output)
         return 0
 
