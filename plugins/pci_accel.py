@@ -45,6 +45,7 @@ _CONSOLE_DEVICES: frozenset[tuple[int, int]] = frozenset(
 GPU_MODELS: dict[tuple[int, int], str] = {
     # AMD Instinct
     (0x1002, 0x74A1): "AMD Instinct MI300X",
+    (0x1002, 0x74A2): "AMD Instinct MI308X",
     (0x1002, 0x74A0): "AMD Instinct MI300A",
     (0x1002, 0x74A5): "AMD Instinct MI325X",
     (0x1002, 0x740F): "AMD Instinct MI210",
@@ -221,6 +222,17 @@ def _apply_kfd(gpu: Gpu, node: _KfdNode, node_bus: dict[int, str]) -> None:
     gpu.xgmi_peers = [link.peer_bus_id for link in gpu.xgmi_links]
 
 
+_AMD_VENDOR = 0x1002
+
+
+def _product_name(root: Root, bus_id: str) -> str | None:
+    """amdgpu's ``product_name`` (the board's own marketing name, from its FRU), if any."""
+    text = read_text(root.sys_path("bus", "pci", "devices", bus_id, "product_name"))
+    if not text or len(text) > 128 or not text.isprintable():
+        return None
+    return text
+
+
 class PciAcceleratorProbe:
     name = "pci"
 
@@ -232,8 +244,8 @@ class PciAcceleratorProbe:
                 continue
             vendor = parse_id(dev.vendor)
             device = parse_id(dev.device)
-            model = None
-            if vendor is not None and device is not None:
+            model = _product_name(ctx.root, dev.bus_id) if vendor == _AMD_VENDOR else None
+            if model is None and vendor is not None and device is not None:
                 model = GPU_MODELS.get((vendor, device))
             model = model or dev.device_name
             gpus[dev.bus_id] = Gpu(

@@ -13,11 +13,12 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
 from discovery.fake import ids
+from discovery.fake.pci_checks import check_bus_ranges, check_nvswitch_links, check_root_numa
 from discovery.fake.spec import (
     NVML_FUNCTIONS,
     AmdGpuSpec,
@@ -35,6 +36,9 @@ from discovery.fake.spec import (
     RdmaSpec,
     bdf_key,
 )
+from discovery.fake.switches import expand_pci
+from discovery.fake.yaml_lines import load as load_yaml_text
+from discovery.fake.yaml_lines import where_at
 from discovery.nvml_codes import FABRIC_STATES, NVLINK_VERSION_ENUM, NVML_ERROR_CODES
 from discovery.readers import format_cpulist
 
@@ -58,7 +62,7 @@ def parse_bdf(text: Any, where: str) -> str:
 
 def _parse_list(text: Any, where: str) -> tuple[int, ...]:
     if isinstance(text, int) and not isinstance(text, bool):
-        return (text,)
+        return (int(text),)
     if not isinstance(text, str):
         raise ValueError(f"{where}: want a list string like '0-3,8', got {text!r}")
     out: set[int] = set()
@@ -116,7 +120,7 @@ class _Node:
                 except ValueError:
                     pass
             raise ValueError(f"{self.where}: {key} must be an integer, got {value!r}")
-        return value
+        return int(value)  # a plain int: the spelling stays in the loader
 
     def opt_int(self, key: str) -> int | None:
         if not self.has(key):
@@ -191,6 +195,7 @@ _DEVICE_KEYS = {
     "rdma_defaults",
     "nvidia",
     "amd",
+    "iommu_group",
 }
 _NET_KEYS = {"name", "address", "mtu", "operstate", "speed", "type"}
 _RDMA_KEYS = {
@@ -220,11 +225,12 @@ _NVIDIA_KEYS = {
     "nvml_errors",
     "fabric",
 }
-_NVLINK_KEYS = {"remote", "count", "type"}
+_NVLINK_KEYS = {"remote", "count", "type", "external"}
 _FABRIC_KEYS = {"cluster_uuid", "clique_id", "state", "status", "health_mask", "health_summary"}
 _AMD_GPU_KEYS = {
     "name",
     "vram_gib",
+    "vram_mib",
     "simd_count",
     "simd_per_cu",
     "hive_id",
@@ -234,6 +240,11 @@ _AMD_GPU_KEYS = {
 _NVML_KEYS = {"driver_version", "cuda_driver_version", "nvml_errors", "fabric"}
 _AMD_KEYS = {"xgmi", "xgmi_bandwidth_mbps", "pcie_bandwidth_mbps"}
 _FABRIC_STATES = {name: value for value, name in enumerate(FABRIC_STATES)}
+_NUMBERINGS: dict[str, Literal["linear", "interleaved", "socket_interleaved"]] = {
+    "linear": "linear",
+    "interleaved": "interleaved",
+    "socket_interleaved": "socket_interleaved",
+}
 
 
 def load_file(path: str | Path) -> MachineSpec:
@@ -247,7 +258,7 @@ def load_file(path: str | Path) -> MachineSpec:
 
 def load_yaml(text: str, source: str = "<string>", default_name: str | None = None) -> MachineSpec:
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml_text(text)
     except yaml.YAMLError as exc:
         raise ValueError(f"{source}: not valid YAML: {exc}") from exc
     return parse_machine(data, source=source, default_name=default_name)
@@ -275,8 +286,9 @@ def parse_machine(
         else None
     )
     raw_devices = top.get_list("pci")
-    pci = _parse_pci(raw_devices, types, name, source, fabric)
+    pci, explicit_numa, where_of = _parse_pci(raw_devices, types, name, source, fabric)
     numa_nodes, distances = _parse_numa(top, cpu, pci, source)
+    check_root_numa(pci, explicit_numa, where_of, sum(1 for n in numa_nodes if n.cpus))
     pci = _finish_pci(pci, numa_nodes, source)
 
     nvml: NvmlSpec | None = None
@@ -321,13 +333,16 @@ def _pair(node: _Node, key: str, default: tuple[int, int]) -> tuple[int, int]:
         or not all(isinstance(v, int) and not isinstance(v, bool) for v in value)
     ):
         raise ValueError(f"{node.where}: {key} must be [min, max] integers, got {value!r}")
-    return (value[0], value[1])
+    return (int(value[0]), int(value[1]))
 
 
 def _parse_cpu(node: _Node) -> CpuSpec:
     numbering = node.get_str("numbering", "linear")
-    if numbering not in ("linear", "interleaved"):
-        raise ValueError(f"{node.where}: numbering must be 'linear' or 'interleaved'")
+    if numbering not in _NUMBERINGS:
+        raise ValueError(
+            f"{node.where}: numbering must be one of {', '.join(_NUMBERINGS)} "
+            "(socket_interleaved: CPU n on socket n mod sockets)"
+        )
     sockets = node.get_int("sockets", required=True)
     cores = node.get_int("cores_per_socket", required=True)
     threads = node.get_int("threads_per_core", 1)
@@ -345,7 +360,7 @@ def _parse_cpu(node: _Node) -> CpuSpec:
         sockets=sockets,
         cores_per_socket=cores,
         threads_per_core=threads,
-        numbering="linear" if numbering == "linear" else "interleaved",
+        numbering=_NUMBERINGS[numbering],
         l1d_kb=node.get_int("l1d_kb", 48),
         l2_kb=node.get_int("l2_kb", 2048),
         l3_kb=node.get_int("l3_kb", 32768),
@@ -396,11 +411,13 @@ def _parse_pci(
     machine: str,
     source: str,
     machine_fabric: FabricSpec | None,
-) -> list[PciDeviceSpec]:
+) -> tuple[list[PciDeviceSpec], set[str], dict[str, str]]:
+    """The devices; the bus ids that set ``numa_node`` themselves (or by template); and
+    where each device is written (``file:LINE: pci[i] (bdf)``) for later messages."""
     raws: dict[str, _RawDevice] = {}
     order: list[str] = []
-    for i, entry in enumerate(raw_devices):
-        where = f"{source}: pci[{i}]"
+    for entry, written in expand_pci(raw_devices, source):
+        where = written
         if isinstance(entry, dict) and isinstance(entry.get("bdf"), str):
             where = f"{where} ({entry['bdf']})"
         first = _Node(entry, where, _DEVICE_KEYS)
@@ -465,9 +482,12 @@ def _parse_pci(
             rdma_names.add(r.name)
         out.append(spec)
 
+    where_of = {bdf: raws[bdf].node.where for bdf in order}
+    check_bus_ranges(out, where_of)
+    links_at = _nvlink_places(raws, source)
     by_bdf = {d.bdf: d for d in out}
     for dev in out:
-        where = f"{source}: pci ({dev.bdf})"
+        where = where_of[dev.bdf]
         if dev.physfn is not None:
             pf = by_bdf.get(dev.physfn)
             if pf is None:
@@ -481,19 +501,74 @@ def _parse_pci(
                 if link.remote_type == "gpu":
                     peer = by_bdf.get(link.remote)
                     if peer is None or peer.nvidia is None:
+                        at = links_at.get((dev.bdf, link.remote), where)
                         raise ValueError(
-                            f"{where}: nvlink remote {link.remote} is not an NVIDIA GPU here"
+                            f"{at}: nvlink remote {link.remote} is not an NVIDIA GPU here"
                         )
+    check_nvswitch_links(out, links_at, where_of)
+    vfs_of: dict[str, int] = {}
     for dev in out:
-        if dev.sriov_totalvfs is not None:
-            vfs = [v for v in out if v.physfn == dev.bdf]
-            if len(vfs) > dev.sriov_totalvfs:
-                raise ValueError(f"{source}: pci ({dev.bdf}): more VFs than sriov_totalvfs")
+        if dev.physfn is not None:
+            vfs_of[dev.physfn] = vfs_of.get(dev.physfn, 0) + 1
+    for dev in out:
+        if dev.sriov_totalvfs is not None and vfs_of.get(dev.bdf, 0) > dev.sriov_totalvfs:
+            raise ValueError(f"{where_of[dev.bdf]}: more VFs than sriov_totalvfs")
+    explicit = {bdf for bdf in order if raws[bdf].numa_node is not None}
+    return out, explicit, where_of
+
+
+def _nvlink_places(raws: dict[str, _RawDevice], source: str) -> dict[tuple[str, str], str]:
+    """(GPU, remote) -> ``file:LINE: ... nvlinks[k]`` for links not marked ``external``."""
+    out: dict[tuple[str, str], str] = {}
+    for bdf, raw in raws.items():
+        nv = raw.node.raw("nvidia")
+        links = nv.get("nvlinks") if isinstance(nv, dict) else None
+        if not isinstance(links, list):
+            continue
+        label = raw.node.where.split(": ", 1)[-1]
+        for k, entry in enumerate(links):
+            if not isinstance(entry, dict) or entry.get("external") is True:
+                continue
+            try:
+                remote = parse_bdf(entry.get("remote"), "")
+            except ValueError:
+                continue
+            out.setdefault((bdf, remote), f"{where_at(source, entry)}: {label}: nvlinks[{k}]")
     return out
 
 
+_BASE_CLASSES = frozenset(range(0x01, 0x14)) | {0x40, 0xFF}
+
+
 def _class_code(node: _Node) -> int:
-    return node.get_int("class", required=True)
+    """The 24-bit class code; lspci's 16-bit form (``0302``, ``0x0302``) is widened.
+
+    ``0302`` unquoted is octal 194 to YAML 1.1; the loader keeps the spelling, so the
+    digits are read as lspci meant them.
+    """
+    raw = node.req("class")
+    text = getattr(raw, "text", None)
+    if isinstance(raw, str) or isinstance(text, str):
+        spelled = str(text if isinstance(text, str) else raw).strip().lower().replace("_", "")
+        digits = spelled[2:] if spelled.startswith("0x") else spelled
+        octal_looking = spelled.startswith("0") and spelled.isdigit() and len(spelled) > 1
+        if (spelled.startswith("0x") or octal_looking or isinstance(raw, str)) and all(
+            c in "0123456789abcdef" for c in digits
+        ):
+            if len(digits) in (3, 4):
+                return int(digits, 16) << 8
+            if len(digits) in (5, 6):
+                return int(digits, 16)
+    value = raw if isinstance(raw, int) and not isinstance(raw, bool) else None
+    if value is not None and value > 0xFFFF and value <= 0xFFFFFF:
+        return int(value)
+    if value is not None and value <= 0xFFFF and value >> 8 in _BASE_CLASSES:
+        return int(value) << 8
+    raise ValueError(
+        f"{node.where}: class {text or raw!r} is not a PCI class code: write the 24-bit code "
+        "in hex (class: 0x030200 for a 3D controller) or the 16-bit form lspci prints "
+        "(class: 0302 or 0x0302)"
+    )
 
 
 def _build_device(
@@ -528,6 +603,9 @@ def _build_device(
     numvfs = node.opt_int("sriov_numvfs")
     if numvfs is not None and total is None:
         raise ValueError(f"{where}: sriov_numvfs needs sriov_totalvfs")
+    iommu = node.opt_int("iommu_group")
+    if iommu is not None and not 0 <= iommu < 1 << 31:
+        raise ValueError(f"{where}: iommu_group must be a group number >= 0, got {iommu}")
     return PciDeviceSpec(
         bdf=bdf,
         parent=parent,
@@ -550,6 +628,7 @@ def _build_device(
         rdma=rdma,
         nvidia=nvidia,
         amd=amd,
+        iommu_group=iommu,
     )
 
 
@@ -590,8 +669,11 @@ def _parse_rdma(
         seed = ids.digest("rdma", machine, bdf, name)
         guid = ids.guid(seed)
         link_layer = item.get_str("link_layer", "InfiniBand")
-        if link_layer not in ("InfiniBand", "Ethernet"):
-            raise ValueError(f"{where}: link_layer must be InfiniBand or Ethernet")
+        if not re.match(r"^[A-Za-z][A-Za-z0-9 _.-]{0,31}$", link_layer):
+            raise ValueError(
+                f"{where}: link_layer {link_layer!r} must be a word such as InfiniBand, "
+                "Ethernet or Unknown (what EFA ports report)"
+            )
         nports = item.get_int("ports", 1)
         ports = tuple(
             RdmaPortSpec(
@@ -634,7 +716,7 @@ def _error_code(code: Any, where: str) -> int:
     if isinstance(code, int) and not isinstance(code, bool):
         if code <= 0:
             raise ValueError(f"{where}: error code must be a positive NVML return code")
-        return code
+        return int(code)
     if isinstance(code, str):
         name = code.strip().upper()
         name = name.removeprefix("NVML_ERROR_")
@@ -743,8 +825,8 @@ def _parse_nvidia(
 def _parse_amd_gpu(node: _Node, bdf: str, machine: str) -> AmdGpuSpec:
     seed = ids.digest("amd", machine, bdf)
     return AmdGpuSpec(
-        name=node.get_str("name", "AMD Instinct"),
-        vram_bytes=node.get_int("vram_gib", required=True) << 30,
+        name=node.get_str("name") if node.has("name") else None,
+        vram_bytes=_vram_bytes(node),
         simd_count=node.get_int("simd_count", 1216),
         simd_per_cu=node.get_int("simd_per_cu", 4),
         hive_id=node.get_int("hive_id", int.from_bytes(ids.digest("hive", machine)[:8], "big") | 1),
@@ -753,6 +835,24 @@ def _parse_amd_gpu(node: _Node, bdf: str, machine: str) -> AmdGpuSpec:
         card=-1,
         render_minor=-1,
     )
+
+
+def _vram_bytes(node: _Node) -> int:
+    """``vram_gib`` (fractions allowed: 191.98) or ``vram_mib``, in bytes."""
+    if node.has("vram_gib") == node.has("vram_mib"):
+        raise ValueError(f"{node.where}: give exactly one of vram_gib or vram_mib")
+    if node.has("vram_mib"):
+        mib = node.get_int("vram_mib", required=True)
+        if mib <= 0:
+            raise ValueError(f"{node.where}: vram_mib must be positive")
+        return mib << 20
+    gib = node.opt_float("vram_gib")
+    if gib is None or not 0 < gib < 1 << 20:
+        raise ValueError(f"{node.where}: vram_gib must be a positive number of GiB")
+    value = node.raw("vram_gib")
+    if isinstance(value, int):
+        return value << 30
+    return round(gib * (1 << 30) / 4096) * 4096
 
 
 def _parse_numa(
@@ -845,7 +945,7 @@ def _parse_distances(numa: _Node, nodes: tuple[NumaNodeSpec, ...]) -> tuple[tupl
         ):
             raise ValueError(f"{dn.where}: overrides[{j}] must be [node, node, distance]")
         a, b = index[ov[0]], index[ov[1]]
-        matrix[a][b] = matrix[b][a] = ov[2]
+        matrix[a][b] = matrix[b][a] = int(ov[2])
     return tuple(tuple(r) for r in matrix)
 
 

@@ -64,9 +64,11 @@ class CpuSpec:
     sockets: int
     cores_per_socket: int
     threads_per_core: int
-    numbering: Literal["linear", "interleaved"]
+    numbering: Literal["linear", "interleaved", "socket_interleaved"]
     """``linear``: thread 0 of every core of every socket first, then thread 1 (Intel,
-    AMD default on Linux). ``interleaved``: SMT siblings get consecutive ids."""
+    AMD default on Linux). ``interleaved``: SMT siblings get consecutive ids.
+    ``socket_interleaved``: consecutive ids alternate sockets (CPU n on socket n mod S,
+    common on HGX boards), thread 0 of every core first."""
     l1d_kb: int
     l2_kb: int
     l3_kb: int
@@ -83,6 +85,9 @@ class CpuSpec:
         if self.numbering == "linear":
             cores = self.sockets * self.cores_per_socket
             return thread * cores + socket * self.cores_per_socket + core
+        if self.numbering == "socket_interleaved":
+            cores = self.sockets * self.cores_per_socket
+            return thread * cores + core * self.sockets + socket
         return (socket * self.cores_per_socket + core) * self.threads_per_core + thread
 
     def layout(self) -> Iterator[tuple[int, int, int, int]]:
@@ -173,7 +178,8 @@ class NvidiaGpuSpec:
 
 @dataclass(frozen=True)
 class AmdGpuSpec:
-    name: str
+    name: str | None
+    """Marketing name written to the function's ``product_name`` (amdgpu); None: no file."""
     vram_bytes: int
     simd_count: int
     simd_per_cu: int
@@ -207,6 +213,8 @@ class PciDeviceSpec:
     rdma: tuple[RdmaSpec, ...]
     nvidia: NvidiaGpuSpec | None
     amd: AmdGpuSpec | None
+    iommu_group: int | None = None
+    """``iommu_group`` link to ``kernel/iommu_groups/<n>``; None: no IOMMU (no link)."""
 
     @property
     def domain(self) -> int:

@@ -242,7 +242,13 @@ def _build_pci(spec: MachineSpec, w: _Writer) -> None:
         if dev.sriov_totalvfs is not None:
             files["sriov_totalvfs"] = str(dev.sriov_totalvfs)
             files["sriov_numvfs"] = str(dev.sriov_numvfs or 0)
+        if dev.amd is not None and dev.amd.name is not None:
+            files["product_name"] = dev.amd.name  # amdgpu's marketing name (from the FRU)
         w.files(rel, files)
+        if dev.iommu_group is not None:
+            group = f"kernel/iommu_groups/{dev.iommu_group}"
+            w.link(f"{rel}/iommu_group", group)
+            w.link(f"{group}/devices/{dev.bdf}", rel)
         w.link(f"bus/pci/devices/{dev.bdf}", rel)
         w.link(f"{rel}/subsystem", "bus/pci")
         if dev.driver is not None:
