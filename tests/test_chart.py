@@ -695,3 +695,95 @@ def test_hack_scripts_are_valid_bash(script: str) -> None:
     proc = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr
     assert "set -euo pipefail" in path.read_text()
+
+
+# -- the DaemonSet's command line, run: the API calls it really makes ---------------------
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def test_rbac_and_admission_hold_for_a_running_driver() -> None:
+    """Run the fake-values DaemonSet's own command line (host paths moved to a temp dir,
+    the test API server as cluster), register it and prepare a claim as the kubelet does;
+    every API call it made must be granted, and every slice it wrote admitted."""
+    import os
+    import shutil
+    import signal
+    import tempfile
+    import time
+
+    command_parser("run")
+    from tests.kubeapi import KubeAPIServer
+    from tests.kubelet import NodeClient, allocated_claim, register, wait_for_socket
+
+    objs = render(fake_values())
+    spec = node_plugin(objs)
+    (c,) = spec["containers"]
+    env = container_env(c, "node-a")
+    base = Path(tempfile.mkdtemp(prefix="tsc"))  # short: unix socket paths <= 107 bytes
+    moved = {flag: str(base / flag.strip("-")) for flag in dir_flags()}
+    args = []
+    for a in c["args"]:
+        flag = a.partition("=")[0]
+        if flag in moved:
+            a = f"{flag}={moved[flag]}"
+        elif flag == "--http-addr":
+            a = f"--http-addr=127.0.0.1:{_free_port()}"
+        args.append(expand(a, env))
+    api = KubeAPIServer().start()
+    proc = None
+    try:
+        api.add_node("node-a")
+        kubeconfig = api.write_kubeconfig(base / "kubeconfig")
+        run_env = {**os.environ, **env, "TOPOSLICE_FAKE_TMPDIR": str(base)}
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "toposlice", *args, f"--kubeconfig={kubeconfig}"],
+            env=run_env,
+            cwd=REPO,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        driver = "toposlice.dev"
+        reg = Path(moved["--kubelet-registrar-directory-path"]) / f"{driver}-reg.sock"
+        wait_for_socket(reg, timeout=30)
+        registered = register(reg)
+        deadline = time.monotonic() + 30
+        while not api.slices(driver, "node-a") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        slices = api.slices(driver, "node-a")
+        assert slices, "the driver published no slice"
+        api.add_claim(allocated_claim("c1", ["gpu-0000-1b-00-0"], pool="node-a", driver=driver))
+        uid = api.store.get("resourceclaims", "default", "c1")["metadata"]["uid"]
+        with NodeClient(registered.info.endpoint, registered.version) as node:
+            prepared = node.prepare([("default", "c1", uid)])
+            assert not prepared.claims[uid].error, prepared.claims[uid].error
+            node.unprepare([("default", "c1", uid)])
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0, proc.stderr.read() if proc.stderr else ""
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        api.stop()
+        shutil.rmtree(base, ignore_errors=True)
+    made = {
+        (_GROUP[resource], resource, verb)
+        for (verb, resource), n in api.requests.items()
+        if n and resource in _GROUP
+    }
+    assert ("resource.k8s.io", "resourceclaims", "get") in made
+    assert ("", "nodes", "get") in made
+    have = granted(objs)
+    assert made <= have, f"calls the ClusterRole does not allow: {sorted(made - have)}"
+    assert {r for (_v, r) in api.requests} <= set(_GROUP), dict(api.requests)
+    policy = one(objs, "ValidatingAdmissionPolicy")
+    for s in slices:
+        assert admit(policy, "CREATE", s, None, SA_USER, {NODE_CLAIM: ["node-a"]}) == (True, "")
