@@ -68,7 +68,11 @@ class _Layout:
         self.doc = doc
         self.marks = marks
         self.v = {v["id"]: v for v in doc.get("vertices", [])}
+        # z-order = document order: containers and PCIe lines, then the fabric links, then
+        # the devices on top (so links pass behind boxes but over sockets).
         self.parts: list[str] = []
+        self.links: list[str] = []
+        self.top: list[str] = []
         self.dev_boxes: dict[str, _Box] = {}
         parent: dict[str, str] = {}
         for e in doc.get("edges", []):
@@ -124,7 +128,9 @@ class _Layout:
             f'<svg xmlns="http://www.w3.org/2000/svg" id="topology" role="img" '
             f'aria-label="topology of {_a(self.doc.get("node") or "node")}" '
             f'viewBox="0 0 {width:.0f} {y + PAD:.0f}" width="{width:.0f}" '
-            f'style="max-width:100%;height:auto">' + "".join(self.parts) + "</svg>"
+            f'style="max-width:100%;height:auto">'
+            + "".join(self.parts + self.links + self.top)
+            + "</svg>"
         )
 
     def package(
@@ -252,7 +258,7 @@ class _Layout:
             tip.append(f"tainted {mark.tainted}: {mark.reason}")
         self.dev_boxes[vid] = b
         label = v.get("label", vid)
-        self.parts.append(
+        self.top.append(
             f'<g data-kind="{kind}" data-vertex="{_a(vid)}" data-label="{_a(label)}" '
             f'data-allocated="{"true" if mark.allocated else "false"}" '
             f'data-tainted="{"true" if mark.tainted else "false"}" class="{" ".join(classes)}">'
@@ -305,14 +311,13 @@ class _Layout:
                     f"M{src.cx},{src.bottom} C{src.cx},{direct_y + 30} "
                     f"{dst.cx},{direct_y + 30} {dst.cx},{dst.bottom}"
                 )
-            self.parts.insert(
-                0,
+            self.links.append(
                 f'<path d="{path}" class="{cls}" data-kind="{cls}-link">'
                 f"<title>{_a(title)}</title></path>",
             )
         for sw in switches:
             b = boxes[sw["id"]]
-            self.parts.append(
+            self.top.append(
                 f'<g data-kind="nvswitch" data-vertex="{_a(sw["id"])}" class="nvswitch">'
                 f'<rect x="{b.x}" y="{b.y}" width="{b.w}" height="{b.h}" rx="6"/>'
                 f'<text x="{b.cx}" y="{b.y + 15}" class="center devlabel">NVSwitch</text>'
@@ -434,7 +439,7 @@ g.nvswitch rect{fill:#fffbea;stroke:#cb6e17;stroke-width:1.5}
 g.allocated rect{stroke:#f0b429;stroke-width:3}
 g.tainted rect{fill:#ffe3e3;stroke:#cf1124;stroke-width:3}
 path.pcie{stroke:#7b8794;stroke-width:1.4;fill:none}
-path.nvlink{stroke:#57ae5b;stroke-width:1.6;fill:none;opacity:.55}
+path.nvlink{stroke:#57ae5b;stroke-width:1.4;fill:none;opacity:.45}
 path.xgmi{stroke:#d64545;stroke-width:1.6;fill:none;opacity:.5}
 table{border-collapse:collapse;font-size:12px;background:#fff}
 th,td{border:1px solid #d9e2ec;padding:3px 7px;text-align:center}
