@@ -45,6 +45,19 @@ def wait_for_socket(path: Path, timeout: float, poll: float = 0.002) -> float:
     return time.monotonic() - start
 
 
+def register_retrying(reg_socket: Path, within: float) -> Registered:
+    """:func:`register`, retried while the socket refuses (a stale file left by a killed
+    instance, not replaced yet): the kubelet's plugin manager retries the same way."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            return register(reg_socket)
+        except grpc.RpcError as err:
+            if err.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
 def register(reg_socket: Path, timeout: float = 1.0) -> Registered:
     """GetInfo (1 s, as the kubelet), pick the version, NotifyRegistrationStatus(true)."""
     with grpc.insecure_channel(f"unix://{reg_socket}") as ch:
