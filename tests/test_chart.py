@@ -356,7 +356,9 @@ def test_daemonset_ports_probes_and_scheduling(variant: str) -> None:
     (c,) = spec["containers"]
     flags = flag_values(c["args"])
     port = int(flags["--http-addr"].rsplit(":", 1)[1])
-    assert c["ports"] == [{"name": "http", "containerPort": port, "protocol": "TCP"}]
+    (http,) = c["ports"]
+    assert (http["name"], http["containerPort"], http["protocol"]) == ("http", port, "TCP")
+    assert http.get("hostPort", port) == port
     assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
     assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
     assert c["resources"]["requests"] and c["resources"]["limits"]
@@ -401,6 +403,11 @@ def test_scorer_is_wired_as_scheduler_extender() -> None:
     (ext,) = config["extenders"]
     assert ext["urlPrefix"] == f"http://toposlice-scorer.{NAMESPACE}.svc:{port}"
     assert ext["filterVerb"] == "filter" and ext["prioritizeVerb"] == "prioritize"
+    # It fetches each node's graph from the node plugin's port on the node's address.
+    url = flag_values(c["args"])["--topology-url"]
+    (ds_port,) = node_plugin(objs)["containers"][0]["ports"]
+    assert url == f"http://{{address}}:{ds_port['hostPort']}/v1/topology"
+    assert ds_port["hostPort"] == ds_port["containerPort"]
     sched = one(objs, "Deployment", "toposlice-scheduler")
     tmpl = sched["spec"]["template"]["spec"]
     assert tmpl["volumes"][0]["configMap"]["name"] == "toposlice-scheduler-config"
@@ -416,12 +423,23 @@ def test_scorer_command_line_parses_with_toposlice_scorer() -> None:
 # -- RBAC against the API calls in the driver's code --------------------------------------
 
 _CLIENT_METHOD = re.compile(
-    r"^(list|read|create|replace|patch|delete)_(?:namespaced_)?([a-z_]+?)(?:_status)?$"
+    r"^(list|read|create|replace|patch|delete)_(?:namespaced_)?([a-z_]+?)"
+    r"(?:_status|_for_all_namespaces)?$"
 )
 _VERB = {"read": "get", "replace": "update"}
 _HTTP_VERB = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
-_PLURAL = {"resource_slice": "resourceslices", "resource_claim": "resourceclaims", "node": "nodes"}
-_GROUP = {"resourceslices": "resource.k8s.io", "resourceclaims": "resource.k8s.io", "nodes": ""}
+_PLURAL = {
+    "resource_slice": "resourceslices",
+    "resource_claim": "resourceclaims",
+    "resource_claim_template": "resourceclaimtemplates",
+    "node": "nodes",
+}
+_GROUP = {
+    "resourceslices": "resource.k8s.io",
+    "resourceclaims": "resource.k8s.io",
+    "resourceclaimtemplates": "resource.k8s.io",
+    "nodes": "",
+}
 
 
 def driver_sources() -> Iterator[Path]:
@@ -431,12 +449,17 @@ def driver_sources() -> Iterator[Path]:
     yield from sorted((REPO / "toposlice").glob("cmd_run*.py"))
 
 
-def api_calls() -> set[tuple[str, str, str]]:
+def scorer_sources() -> Iterator[Path]:
+    yield from sorted((REPO / "scorer").rglob("*.py"))
+    yield from sorted((REPO / "toposlice").glob("cmd_scorer*.py"))
+
+
+def api_calls(sources: Iterator[Path] | None = None) -> set[tuple[str, str, str]]:
     """(group, resource, verb) of every Kubernetes API call in the driver's code: typed
     client methods (``list_resource_slice``), watches over them, and raw
     ``request_json(client, "GET", "/api/v1/nodes/...")`` calls."""
     found: set[tuple[str, str, str]] = set()
-    for path in driver_sources():
+    for path in driver_sources() if sources is None else sources:
         tree = ast.parse(path.read_text(), str(path))
         assigned = {
             t.id: ast.unparse(n.value)
@@ -446,21 +469,29 @@ def api_calls() -> set[tuple[str, str, str]]:
             if isinstance(t, ast.Name)
         }
         for node in ast.walk(tree):
+            # Any reference to a typed client method counts (``fn = api.read_x if ... else
+            # api.read_y`` too); a list method streamed or called with watch=True watches.
+            if isinstance(node, ast.Attribute):
+                m = _CLIENT_METHOD.match(node.attr)
+                if m is not None and m[2] in _PLURAL:
+                    resource = _PLURAL[m[2]]
+                    found.add((_GROUP[resource], resource, _VERB.get(m[1], m[1])))
             if not isinstance(node, ast.Call):
                 continue
-            names = [a.attr for a in [node.func, *node.args] if isinstance(a, ast.Attribute)]
+            listed = [
+                _CLIENT_METHOD.match(a.attr)
+                for a in [node.func, *node.args]
+                if isinstance(a, ast.Attribute)
+            ]
             is_stream = isinstance(node.func, ast.Attribute) and node.func.attr == "stream"
-            for attr in names:
-                m = _CLIENT_METHOD.match(attr)
-                if m is None or m[2] not in _PLURAL:
-                    continue
-                resource = _PLURAL[m[2]]
-                watching = is_stream or any(
-                    k.arg == "watch" and isinstance(k.value, ast.Constant) and k.value.value
-                    for k in node.keywords
-                )
-                verb = "watch" if watching and m[1] == "list" else _VERB.get(m[1], m[1])
-                found.add((_GROUP[resource], resource, verb))
+            watching = is_stream or any(
+                k.arg == "watch" and isinstance(k.value, ast.Constant) and k.value.value
+                for k in node.keywords
+            )
+            for m in listed:
+                if watching and m is not None and m[1] == "list" and m[2] in _PLURAL:
+                    resource = _PLURAL[m[2]]
+                    found.add((_GROUP[resource], resource, "watch"))
             if isinstance(node.func, ast.Name) and node.func.id == "request_json":
                 method, url = node.args[1], node.args[2]
                 assert isinstance(method, ast.Constant), f"{path}: request_json method not literal"
@@ -491,8 +522,10 @@ def _resolve(text: str, assigned: dict[str, str]) -> str:
     return text
 
 
-def granted(objs: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
-    role = one(objs, "ClusterRole", "toposlice-node-plugin")
+def granted(
+    objs: list[dict[str, Any]], role_name: str = "toposlice-node-plugin"
+) -> set[tuple[str, str, str]]:
+    role = one(objs, "ClusterRole", role_name)
     return {
         (g, r, v)
         for rule in role["rules"]
@@ -518,6 +551,14 @@ def test_rbac_grants_nothing_the_driver_does_not_call() -> None:
     assert have <= calls, f"granted but never called: {sorted(have - calls)}"
     role = one(render(None), "ClusterRole", "toposlice-node-plugin")
     assert not [r for r in role["rules"] if "*" in r["verbs"] or "*" in r["resources"]]
+
+
+def test_scorer_rbac_is_exactly_its_api_calls() -> None:
+    calls = api_calls(scorer_sources())
+    if not calls:
+        pytest.skip("the scorer's code makes no Kubernetes API call yet")
+    have = granted(render(ALL_OPTIONS), "toposlice-scorer")
+    assert calls == have, f"missing {sorted(calls - have)}, unused {sorted(have - calls)}"
 
 
 def test_rbac_binds_the_daemonset_service_account() -> None:
