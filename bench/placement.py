@@ -60,11 +60,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-# Run as a script, sys.path[0] is bench/ — whose sibling scripts (bench/http.py) would
-# shadow standard modules; import from the repository root instead.
-_HERE = Path(__file__).resolve().parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
-sys.path.insert(0, str(_HERE.parent))
+# Run as a script, sys.path[0] is bench/, whose sibling scripts (bench/http.py) would shadow
+# standard modules: put the repository root in its place.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+if Path(sys.path[1]).resolve() == Path(__file__).resolve().parent:
+    sys.path.pop(1)
 
 from scorer.bandwidth import busbw_gbps
 from scorer.request import Occupancy, Request
@@ -292,7 +292,7 @@ def run_policy(name: str, nodes: list[NodeTopology], jobs: list[Job], seed: int)
             bws.append(job_busbw(by_name, cp))
         heapq.heappush(departures, (job.arrival + job.duration, job.id, cp, memory))
     decisions.sort()
-    p99 = decisions[min(len(decisions) - 1, int(math.ceil(0.99 * len(decisions))) - 1)]
+    p99 = decisions[min(len(decisions) - 1, math.ceil(0.99 * len(decisions)) - 1)]
     return {
         "jobs": len(jobs),
         "admitted": admitted,

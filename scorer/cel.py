@@ -260,6 +260,8 @@ def _eval(node: Node, env: dict[str, Any]) -> Any:
     if op == "?:":
         return _eval(node[2], env) if _eval(node[1], env) else _eval(node[3], env)
     if op == "call":
+        if node[1] == "has":
+            return _call("has", [], node[2], env)
         return _call(node[1], [_eval(a, env) for a in node[2]], node[2], env)
     if op == "method":
         return _method(_eval(node[1], env), node[2], [_eval(a, env) for a in node[3]])

@@ -34,8 +34,6 @@ from .topology import CpuView, GpuView, NicView, NodeTopology
 REF_GBPS = 721.8
 #: Future multi-GPU demand by size (share of multi-GPU jobs in bench/placement.py's mix).
 FUTURE_SIZES: dict[int, float] = {2: 0.3, 4: 0.3, 8: 0.4}
-#: Weight of whole free nodes (pods of jobs larger than a node) next to ``FUTURE_SIZES``.
-WHOLE_NODE = 2.0
 #: Share of a free block's worth that comes from its existence rather than its speed.
 COUNT_SHARE = 0.2
 #: Above this many subsets, a node's best block is estimated greedily.
@@ -193,20 +191,14 @@ def greedy_sets(
 
 def block_value(topo: NodeTopology, free: Sequence[GpuView]) -> float:
     """The node's worth to future multi-GPU jobs: for each future size, pack disjoint best
-    blocks greedily and add GPUs × block worth (``block_worth``), weighted by the size mix;
-    a whole free node with a NIC per GPU also counts as a pod of a job larger than a node.
-    In units of a full 8-GPU board at ``REF_GBPS``."""
+    blocks greedily and add GPUs × block worth (``block_worth``), weighted by the size mix,
+    in units of a full 8-GPU board at ``REF_GBPS``."""
     key = (topo.signature, frozenset(g.vid for g in free))
     value = _BLOCK_CACHE.get(key)
     if value is None:
         value = 0.0
         for size, weight in FUTURE_SIZES.items():
             value += weight * _packed_gbps(topo, list(free), size)
-        if free and len(free) == len(topo.gpus) and _network_ready(topo):
-            # A whole free node is what a job larger than any node is made of.
-            # Worth counted in admissions, not speed: without whole nodes such a job
-            # cannot run at all.
-            value += WHOLE_NODE * len(free) * REF_GBPS
         value /= REF_GBPS * 8
         if len(_BLOCK_CACHE) > 200_000:
             _BLOCK_CACHE.clear()
@@ -214,7 +206,8 @@ def block_value(topo: NodeTopology, free: Sequence[GpuView]) -> float:
     return value
 
 
-def _network_ready(topo: NodeTopology) -> bool:
+def network_ready(topo: NodeTopology) -> bool:
+    """A node that can hold a pod of a multi-node job: an RDMA NIC per GPU."""
     return sum(1 for n in topo.nics if n.rdma) >= len(topo.gpus) > 0
 
 

@@ -379,6 +379,52 @@ def _domain_adjusted(
     return ClusterPlacement(c.pods, c.score - penalty, parts, c.kind)
 
 
+#: Charge (in 8-GPU boards at REF) for breaking a whole free network-ready node, scaled by
+#: scarcity: ``WHOLE_NODE × (1 − whole free nodes / nodes)`` of that hardware layout.
+WHOLE_NODE = 2.0
+
+
+def _whole_node_adjusted(
+    out: list[ClusterPlacement],
+    nodes: Sequence[NodeTopology],
+    states: dict[str, NodeState],
+    req: Request,
+) -> list[ClusterPlacement]:
+    """Charge placements that break a whole free node that could be a pod of a job larger
+    than a node — more when few such nodes are left. The charge is equal for every set on
+    one node, so it re-ranks nodes only, never the sets within a node."""
+    from .score import network_ready
+
+    whole: dict[str, int] = {}
+    layout: dict[str, int] = {}
+    for t in nodes:
+        st = states.get(t.name)
+        if st is not None and t.gpus and network_ready(t):
+            layout[t.signature] = layout.get(t.signature, 0) + 1
+            if len(st.all_free_gpus) == len(t.gpus):
+                whole[t.signature] = whole.get(t.signature, 0) + 1
+    if not whole:
+        return out
+    by_name = {t.name: t for t in nodes}
+    w = weights(req)
+    unit = 100.0 * w["fragmentation"] / (sum(w.values()) or 1.0)
+    adjusted = []
+    for c in out:
+        charge = 0.0
+        for p in c.pods:
+            t = by_name[p.node]
+            n = whole.get(t.signature, 0)
+            st = states.get(t.name)
+            if n and st is not None and len(st.all_free_gpus) == len(t.gpus):
+                scarcity = 1.0 - n / layout[t.signature]
+                charge += WHOLE_NODE * len(t.gpus) / 8 * scarcity
+        if charge > 0:
+            parts = {**c.parts, "whole_node_loss": charge}
+            c = ClusterPlacement(c.pods, c.score - unit * charge, parts, c.kind)
+        adjusted.append(c)
+    return adjusted
+
+
 def place(
     nodes: Sequence[NodeTopology], occ: Occupancy | None, req: Request, top: int = 5
 ) -> list[ClusterPlacement]:
@@ -408,6 +454,7 @@ def place(
         cand = multi_node_placement(nodes, occ, req, states)
         if cand is not None:
             out.append(cand)
+    out = _whole_node_adjusted(out, nodes, states, req)
     if domains and out:
         node_domain = {t.name: d for d, members in domains.items() for t in members}
         info = {

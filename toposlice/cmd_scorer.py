@@ -1,0 +1,82 @@
+"""``toposlice scorer serve``: the placement scorer as a kube-scheduler extender."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Any
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="scorer_command", required=True)
+    s = sub.add_parser("serve", help="serve filter/prioritize for kube-scheduler")
+    s.add_argument(
+        "--http-addr",
+        default="0.0.0.0:8090",
+        metavar="HOST:PORT",
+        help="listen address (default %(default)s; port 0 picks a free one)",
+    )
+    s.add_argument(
+        "--topology-url",
+        default="http://{address}:8080/v1/topology",
+        metavar="TEMPLATE",
+        help="each node's graph URL; {node} = name, {address} = InternalIP (default %(default)s)",
+    )
+    s.add_argument(
+        "--graph", action="append", default=[], metavar="FILE", help="fixed graphs (repeatable)"
+    )
+    s.add_argument(
+        "--fake", action="append", default=[], metavar="NAME[:NODE]", help="fake-machine graphs"
+    )
+    s.add_argument(
+        "--no-kube",
+        action="store_true",
+        help="do not read ResourceClaims from the API (workload from annotations only)",
+    )
+    s.add_argument("--driver", default="toposlice.dev", help="DRA driver name")
+    s.add_argument("-v", "--verbose", action="store_true")
+
+
+def _split_addr(addr: str) -> tuple[str, int]:
+    host, sep, port = addr.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"--http-addr {addr!r}: expected HOST:PORT")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def run(args: argparse.Namespace) -> int:
+    from scorer.extender import Extender, KubeReader, NodeGraphs, make_server
+    from scorer.topology import fake_graph, read_graph_file, rename_graph
+
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    static: dict[str, dict[str, Any]] = {}
+    for f in args.graph:
+        g = read_graph_file(f)
+        static[str(g.get("node"))] = g
+    for spec in args.fake:
+        name, _, node = spec.partition(":")
+        g = fake_graph(name)
+        g = rename_graph(g, node or str(g.get("node") or name))
+        static[str(g["node"])] = g
+    graphs = NodeGraphs(static=static, url_template=args.topology_url or None)
+    reader = None if args.no_kube else KubeReader()
+    ext = Extender(
+        graphs,
+        reader=reader.read if reader else None,
+        occupancy=reader.occupancy if reader else None,
+        driver=args.driver,
+    )
+    host, port = _split_addr(args.http_addr)
+    server = make_server(ext, host, port)
+    print(f"toposlice scorer: serving on {host}:{server.server_address[1]}", file=sys.stderr)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+    return 0
