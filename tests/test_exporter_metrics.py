@@ -5,7 +5,10 @@ from __future__ import annotations
 import copy
 import gzip
 import json
+import re
+import socket
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -17,6 +20,8 @@ from driver.metrics import MAX_METHODS, DriverMetrics
 from normalize.snapshot import build_snapshot
 from tests.exporter_view import View, request, snapshot_of
 
+REPO = Path(__file__).resolve().parent.parent
+
 
 def scrape(server: HttpServer) -> dict[str, list[tuple[dict[str, str], float]]]:
     resp = request(server.url, "/metrics")
@@ -24,6 +29,7 @@ def scrape(server: HttpServer) -> dict[str, list[tuple[dict[str, str], float]]]:
     assert resp.headers["content-type"].startswith("text/plain; version=")
     out: dict[str, list[tuple[dict[str, str], float]]] = {}
     for fam in text_string_to_metric_families(resp.body.decode()):
+        out.setdefault(fam.name + ("_total" if fam.type == "counter" else ""), [])
         for s in fam.samples:
             out.setdefault(s.name, []).append((s.labels, s.value))
     return out
@@ -148,3 +154,29 @@ def test_degraded_link_is_a_metric_and_an_inventory_warning() -> None:
         warnings = json.loads(request(srv.url, "/v1/inventory").body)["warnings"]
     assert warnings == degraded_link_warnings(inv)
     assert len(warnings) == 1 and "0000:18:00.0" in warnings[0] and "x8" in warnings[0]
+
+
+def test_dashboard_uses_only_exported_metrics(
+    served: tuple[HttpServer, View, DriverMetrics],
+) -> None:
+    srv, _view, metrics = served
+    metrics.grpc_call("NodePrepareResources", 0.01)
+    metrics.slice_write("update", 500, ok=False)
+    metrics.discovery(0.1, snapshot_of("dgx-h100").inventory)
+    metrics.discovery(0.1, None, failed=True)
+    request(srv.url, "/nope")
+    with socket.create_connection(srv.address) as bad:
+        bad.sendall(b"\x00garbage\r\n\r\n")
+        bad.recv(100)
+    exported = set(scrape(srv))
+    dashboard = json.loads((REPO / "docs" / "grafana-dashboard.json").read_text())
+    used = set()
+    for panel in dashboard["panels"]:
+        for target in panel["targets"]:
+            used.update(re.findall(r"toposlice_[a-z_]+", target["expr"]))
+    assert used and used <= exported, used - exported
+    # The metrics doc names every exported family.
+    doc = (REPO / "docs" / "metrics.md").read_text()
+    families = {re.sub(r"_(bucket|count|sum|total)$", "", n) for n in exported}
+    missing = {f for f in families if f not in doc and f.removesuffix("_info") not in doc}
+    assert not missing, missing
