@@ -107,7 +107,7 @@ def to_semver(text: str | None) -> str | None:
     if is_semver(text):
         return text
     parts = text.split(".")
-    if 1 <= len(parts) <= 2 and all(p.isdigit() for p in parts):
+    if 1 <= len(parts) <= 2 and all(p.isascii() and p.isdigit() for p in parts):
         nums = [str(int(p)) for p in parts] + ["0"] * (3 - len(parts))
         candidate = ".".join(nums)
         return candidate if is_semver(candidate) else None

@@ -189,3 +189,12 @@ def test_direct_nvlink_domain() -> None:
     devs = build_devices(inv)
     doms = {d["attributes"]["nvlinkDomain"]["string"] for d in devs if d["name"].startswith("gpu")}
     assert doms == {"pair-nvlink-0000-01-00-0"}
+
+
+def test_to_semver_refuses_non_ascii_digits() -> None:
+    """``str.isdigit`` accepts superscripts and other scripts' digits that ``int`` refuses."""
+    from normalize.attributes import to_semver
+
+    assert to_semver("\u00b2") is None
+    assert to_semver("1.\u0663") is None  # ARABIC-INDIC DIGIT THREE
+    assert to_semver("4.0") == "4.0.0"
