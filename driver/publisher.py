@@ -25,7 +25,6 @@ existing taint keeps its ``timeAdded``.
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import re
@@ -35,11 +34,12 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 from normalize.options import MAX_DEVICES_PER_SLICE
 from normalize.slices import API_VERSION, KIND, slice_name_prefix, split_devices
 
-from .kube import REQUEST_TIMEOUT, ApiFailure, NodeNotFound, failure, get_node
+from .kube import ApiFailure, NodeNotFound, failure, get_node, request_json
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
@@ -50,6 +50,7 @@ Taint = dict[str, str]
 log = logging.getLogger("toposlice.publisher")
 
 MAX_CONFLICT_RETRIES = 5
+SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 
 
 class PublishError(RuntimeError):
@@ -112,10 +113,7 @@ class SlicePublisher:
         rng: random.Random | None = None,
         on_change: Callable[[], None] | None = None,
     ) -> None:
-        from kubernetes.client import ResourceV1Api
-
         self.client = client
-        self.api = ResourceV1Api(client)
         self.driver = driver
         self.node_name = node_name
         self.max_devices_per_slice = max_devices_per_slice
@@ -196,17 +194,22 @@ class SlicePublisher:
             "reconcile", ApiFailure(409, None, f"conflicts {MAX_CONFLICT_RETRIES} times in a row")
         )
 
-    def _call(self, what: str, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
+    def _call(
+        self,
+        what: str,
+        method: str,
+        path: str,
+        body: Any = None,
+        query: list[tuple[str, str]] | None = None,
+    ) -> Any:
         try:
-            resp = fn(*args, _preload_content=False, _request_timeout=REQUEST_TIMEOUT, **kw)
+            return request_json(self.client, method, path, body, query)
         except Exception as exc:
             f = failure(exc)
             if f.conflict:
                 log.info("%s: conflict, re-reading", what)
                 raise _Restart() from exc
             raise PublishError(what, f) from exc
-        data = resp.data
-        return json.loads(data) if data else None
 
     def _owner(self, refresh: bool) -> dict[str, Any]:
         if self._node_uid is None or refresh:
@@ -231,7 +234,7 @@ class SlicePublisher:
 
     def _reconcile(self, chunks: list[list[Device]]) -> ReconcileResult:
         selector = f"spec.driver={self.driver},spec.nodeName={self.node_name}"
-        listed = self._call("list slices", self.api.list_resource_slice, field_selector=selector)
+        listed = self._call("list slices", "GET", SLICES, query=[("fieldSelector", selector)])
         items: list[dict[str, Any]] = listed.get("items") or []
         count = len(chunks)
         owner = self._owner(refresh=False)
@@ -319,7 +322,7 @@ class SlicePublisher:
             "spec": self._spec(devices, count, generation),
         }
         self.writes["create"] += 1
-        self._call("create slice", self.api.create_resource_slice, body)
+        self._call("create slice", "POST", SLICES, body)
 
     def _update(
         self,
@@ -347,21 +350,15 @@ class SlicePublisher:
             "spec": self._spec(devices, count, generation),
         }
         self.writes["update"] += 1
-        self._call("update slice", self.api.replace_resource_slice, meta["name"], body)
+        self._call("update slice", "PUT", f"{SLICES}/{quote(meta['name'])}", body)
 
     def _delete(self, existing: Mapping[str, Any]) -> None:
-        from kubernetes.client import V1DeleteOptions, V1Preconditions
-
         meta = existing["metadata"]
-        pre = V1Preconditions(uid=meta.get("uid"), resource_version=meta.get("resourceVersion"))
+        pre = {"uid": meta.get("uid"), "resourceVersion": meta.get("resourceVersion")}
+        body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": pre}
         self.writes["delete"] += 1
         try:
-            self._call(
-                "delete slice",
-                self.api.delete_resource_slice,
-                meta["name"],
-                body=V1DeleteOptions(preconditions=pre),
-            )
+            self._call("delete slice", "DELETE", f"{SLICES}/{quote(meta['name'])}", body)
         except PublishError as exc:
             if not exc.failure.not_found:
                 raise

@@ -202,7 +202,15 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(err)
 
     def _plain(self, path: str) -> None:
-        if path == "/version":
+        api = self.server.api
+        if path == "/debug/counts":  # test control: the counters of a server in another process
+            with api._counts_lock:
+                requests = {f"{v} {r}": n for (v, r), n in api.requests.items()}
+            self._send(200, {"requests": requests, "writes": api.writes()})
+        elif path == "/debug/reset":
+            api.reset_counters()
+            self._send(200, {})
+        elif path == "/version":
             self._send(200, {"major": "1", "minor": "37", "gitVersion": "v1.37.0-toposlice-test"})
         elif path in ("/healthz", "/readyz", "/livez"):
             data = b"ok"
