@@ -154,9 +154,9 @@ def run(args: argparse.Namespace) -> int:
             metrics.discovery(time.perf_counter() - start, None, failed=True)
             return False
         metrics.discovery(time.perf_counter() - start, inv)
+        server.publish(snap)  # rendered before /readyz can say ready
         view.set(snap)
         view.last_error = ""
-        server.publish(snap)
         if observer is not None:
             observer.poke()
         return True
