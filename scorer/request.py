@@ -7,6 +7,7 @@ yield a valid-looking but wrong placement.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -163,20 +164,22 @@ def request_from_dict(data: Any, where: str = "request") -> Request:
     )
 
 
-def _load(path: str | Path) -> Any:
+def load_document(path: str | Path) -> Any:
+    """A JSON or YAML file's content (JSON parsed by the C parser: graphs are large), with
+    the file named in any error."""
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
     except OSError as exc:
         raise ValueError(f"{p}: cannot read: {exc.strerror or exc}") from exc
     try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ValueError(f"{p}: not YAML/JSON: {exc}") from exc
+        return json.loads(text) if text.lstrip().startswith("{") else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        raise ValueError(f"{p}: not JSON/YAML: {exc}") from exc
 
 
 def load_request(path: str | Path) -> Request:
-    return request_from_dict(_load(path), str(path))
+    return request_from_dict(load_document(path), str(path))
 
 
 @dataclass
@@ -248,4 +251,4 @@ def occupancy_from_dict(data: Any, where: str = "occupancy") -> Occupancy:
 
 
 def load_occupancy(path: str | Path) -> Occupancy:
-    return occupancy_from_dict(_load(path), str(path))
+    return occupancy_from_dict(load_document(path), str(path))

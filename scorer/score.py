@@ -34,6 +34,8 @@ from .topology import CpuView, GpuView, NicView, NodeTopology
 REF_GBPS = 721.8
 #: Future multi-GPU demand by size (share of multi-GPU jobs in bench/placement.py's mix).
 FUTURE_SIZES: dict[int, float] = {2: 0.3, 4: 0.3, 8: 0.4}
+#: Contention weight for memory-bound work (compute/communication-bound: 0.1).
+MEMORY_CONTENTION = 0.3
 #: Share of a free block's worth that comes from its existence rather than its speed.
 COUNT_SHARE = 0.2
 #: Above this many subsets, a node's best block is estimated greedily.
@@ -61,7 +63,7 @@ def weights(req: Request) -> dict[str, float]:
     if req.bound == "communication":
         bw *= 1.5
     elif req.bound == "memory":
-        contention = 0.3
+        contention = MEMORY_CONTENTION
     else:
         cpu *= 1.3
     return {
@@ -96,6 +98,10 @@ class Placement:
         }
 
 
+_EMPTY: dict[str, int] = {}
+_EMPTY_ROOTS: dict[str | None, int] = {}
+
+
 class NodeState:
     """A node's graph view plus what is free on it for one request (any GPU count: the
     filters depend on memory and attributes only, so one state serves every count)."""
@@ -117,9 +123,12 @@ class NodeState:
             if filtered
             else self.all_free_gpus
         )
-        busy_gpus = [g for g in topo.gpus if g.dra_device in busy] if busy else []
-        self.busy_switches = Counter(g.switch for g in busy_gpus)
-        self.busy_roots = Counter(g.pcie_root for g in busy_gpus)
+        self.busy_switches: dict[str, int] = _EMPTY
+        self.busy_roots: dict[str | None, int] = _EMPTY_ROOTS
+        if busy:
+            busy_gpus = [g for g in topo.gpus if g.dra_device in busy]
+            self.busy_switches = Counter(g.switch for g in busy_gpus)
+            self.busy_roots = Counter(g.pcie_root for g in busy_gpus)
         self.key = (
             topo.signature,
             frozenset(used),
@@ -208,7 +217,7 @@ def block_value(topo: NodeTopology, free: Sequence[GpuView]) -> float:
 
 def network_ready(topo: NodeTopology) -> bool:
     """A node that can hold a pod of a multi-node job: an RDMA NIC per GPU."""
-    return sum(1 for n in topo.nics if n.rdma) >= len(topo.gpus) > 0
+    return topo.rdma_nics >= len(topo.gpus) > 0
 
 
 def block_worth(bw: float) -> float:

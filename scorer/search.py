@@ -305,7 +305,20 @@ def multi_node_placement(
     return best
 
 
+_NET_CACHE: dict[tuple[str, tuple[str, ...], tuple[str, ...]], float] = {}
+
+
 def pod_network_gbps(t: NodeTopology, p: Placement) -> float:
+    key = (t.signature, p.gpus, p.nics)
+    bw = _NET_CACHE.get(key)
+    if bw is None:
+        if len(_NET_CACHE) > 100_000:
+            _NET_CACHE.clear()
+        bw = _NET_CACHE[key] = _pod_network_gbps(t, p)
+    return bw
+
+
+def _pod_network_gbps(t: NodeTopology, p: Placement) -> float:
     """A pod's share of a NIC-bound collective: its in-node ring, or its slowest GPU's NIC
     path. Like NCCL, each GPU uses the closest of the pod's NICs; with fewer NICs than GPUs
     they share them (a pod without NICs gets the node's fastest one, shared)."""
@@ -381,7 +394,7 @@ def _domain_adjusted(
 
 #: Charge (in 8-GPU boards at REF) for breaking a whole free network-ready node, scaled by
 #: scarcity: ``WHOLE_NODE × (1 − whole free nodes / nodes)`` of that hardware layout.
-WHOLE_NODE = 2.0
+WHOLE_NODE = 1.0
 
 
 def _whole_node_adjusted(

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
+from .request import load_document
 
 GRAPH_SCHEMA = "toposlice.graph/v1"
 
@@ -104,6 +104,7 @@ class NodeTopology:
         self.by_device.update({n.dra_device: n.vid for n in self.nics})
         self.by_device.update({c.dra_device: c.vid for c in self.cpus})
         self.device_of = {v: k for k, v in self.by_device.items()}
+        self.rdma_nics = sum(1 for n in self.nics if n.rdma)
         if not self.signature:
             self.signature = _signature(self)
 
@@ -285,17 +286,9 @@ def from_graph(graph: dict[str, Any], labels: dict[str, str] | None = None) -> N
 
 def read_graph_file(path: str | Path) -> dict[str, Any]:
     """A graph document from a JSON or YAML file, with a clear error."""
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ValueError(f"{p}: cannot read graph: {exc.strerror or exc}") from exc
-    try:
-        data = json.loads(text) if text.lstrip().startswith("{") else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise ValueError(f"{p}: not JSON/YAML: {exc}") from exc
+    data = load_document(path)
     if not isinstance(data, dict) or data.get("schema") != GRAPH_SCHEMA:
-        raise ValueError(f"{p}: not a {GRAPH_SCHEMA} document")
+        raise ValueError(f"{path}: not a {GRAPH_SCHEMA} document")
     return data
 
 
