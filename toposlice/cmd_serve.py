@@ -177,14 +177,22 @@ def run(args: argparse.Namespace) -> int:
             observer.stop()
         server.stop()
         if pool is not None:
-            pool.shutdown(wait=False, cancel_futures=True)
+            pool.shutdown(wait=True, cancel_futures=True)
     return 0
 
 
 def _background() -> None:
-    """The discovery helper yields the CPU to the server (and to the workloads)."""
+    """The discovery helper yields the CPU to the server (and to the workloads), and dies
+    with its parent, even one killed with SIGKILL (Linux ``PR_SET_PDEATHSIG``)."""
     with contextlib.suppress(OSError):
         os.nice(10)
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        if os.getppid() == 1:  # the parent died before prctl took effect
+            os._exit(0)
 
 
 def discover_snapshot(args: argparse.Namespace, loader: Any = None) -> Any:
