@@ -116,6 +116,12 @@ def pct(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
 
 
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def rss_mib(pid: int) -> tuple[float, float]:
     fields = {}
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -314,9 +320,16 @@ def _run(args: argparse.Namespace) -> int:
                     for d in s["spec"]["devices"]
                 ]
                 lat = {}
+                cpu = {}
                 for callers in (1, 16):
+                    before = cpu_s(proc.pid), cpu_s(api.proc.pid)
                     lat[callers] = prepare_latency(
                         api, reg.info.endpoint, snap_devices, callers, args.calls, args.warmup
+                    )
+                    n = len(lat[callers][0]) + max(1, args.warmup // callers) * callers
+                    cpu[callers] = (
+                        (cpu_s(proc.pid) - before[0]) / n,
+                        (cpu_s(api.proc.pid) - before[1]) / n,
                     )
                 rss, hwm = rss_mib(proc.pid)
             finally:
@@ -339,6 +352,9 @@ def _run(args: argparse.Namespace) -> int:
         print(f"{label:44} {pct(prep, 50) * ms:>8.2f} / {pct(prep, 99) * ms:6.2f} ms {target:>12}")
         label = f"  (unprepare p50 / p99, {len(prep)} calls)"
         print(f"{label:44} {pct(unprep, 50) * ms:>8.2f} / {pct(unprep, 99) * ms:6.2f} ms")
+        label = "  (CPU per prepare+unprepare: driver / API)"
+        drv_cpu, api_cpu = cpu[callers]
+        print(f"{label:44} {drv_cpu * ms:>8.2f} / {api_cpu * ms:6.2f} ms")
     print(f"{'driver RSS after the runs (peak)':44} {rss:>10.1f} MiB ({hwm:.1f}) {'<= 80 MiB':>12}")
     print(f"{'driver exit status after SIGTERM':44} {rc:>22d} {'0':>12}")
     n = pubs["nodes"]
