@@ -468,6 +468,7 @@ def api_calls(sources: Iterator[Path] | None = None) -> set[tuple[str, str, str]
             for t in n.targets
             if isinstance(t, ast.Name)
         }
+        wrappers = {"request_json": (1, 2), **_request_wrappers(tree)}
         for node in ast.walk(tree):
             # Any reference to a typed client method counts (``fn = api.read_x if ... else
             # api.read_y`` too); a list method streamed or called with watch=True watches.
@@ -492,9 +493,17 @@ def api_calls(sources: Iterator[Path] | None = None) -> set[tuple[str, str, str]
                 if watching and m is not None and m[1] == "list" and m[2] in _PLURAL:
                     resource = _PLURAL[m[2]]
                     found.add((_GROUP[resource], resource, "watch"))
-            if isinstance(node.func, ast.Name) and node.func.id == "request_json":
-                method, url = node.args[1], node.args[2]
-                assert isinstance(method, ast.Constant), f"{path}: request_json method not literal"
+            callee = node.func.attr if isinstance(node.func, ast.Attribute) else None
+            if isinstance(node.func, ast.Name):
+                callee = node.func.id
+            if callee in wrappers:
+                at_method, at_path = wrappers[callee]
+                if len(node.args) <= at_path:
+                    continue
+                method, url = node.args[at_method], node.args[at_path]
+                if not isinstance(method, ast.Constant) and len(wrappers) > 1:
+                    continue  # a wrapper passing its own parameters on: seen at its callers
+                assert isinstance(method, ast.Constant), f"{path}: request method not literal"
                 text = _resolve(ast.unparse(url), assigned)
                 m2 = re.search(
                     r"/(?:api/v1|apis/([a-z0-9.]+)/v1)/(?:namespaces/\{[^}]*\}/)?([a-z]+)(/)?", text
@@ -510,15 +519,45 @@ def api_calls(sources: Iterator[Path] | None = None) -> set[tuple[str, str, str]
     return found
 
 
+def _request_wrappers(tree: ast.AST) -> dict[str, tuple[int, int]]:
+    """Functions that hand their own ``method`` and ``path`` parameters to ``request_json``
+    (``def _call(self, what, method, path, ...)``): name -> (method, path) argument index."""
+    out: dict[str, tuple[int, int]] = {}
+    for fn in ast.walk(tree):
+        if not isinstance(fn, ast.FunctionDef):
+            continue
+        params = [a.arg for a in fn.args.args if a.arg not in ("self", "cls")]
+        for call in ast.walk(fn):
+            if (
+                isinstance(call, ast.Call)
+                and isinstance(call.func, ast.Name)
+                and call.func.id == "request_json"
+                and len(call.args) >= 3
+                and all(isinstance(a, ast.Name) and a.id in params for a in call.args[1:3])
+            ):
+                m, p = call.args[1], call.args[2]
+                assert isinstance(m, ast.Name) and isinstance(p, ast.Name)
+                out[fn.name] = (params.index(m.id), params.index(p.id))
+    return out
+
+
 def _resolve(text: str, assigned: dict[str, str]) -> str:
-    """Follow names (``path`` -> ``CLAIM_PATH.format(...)`` -> its literal) to the URL."""
-    for _ in range(4):
-        if "/" in text:
-            break
+    """Follow names to the URL: ``path`` -> ``CLAIM_PATH.format(...)`` -> its literal, and
+    ``f"{SLICES}/{name}"`` -> the literal of ``SLICES``."""
+    for _ in range(6):
+        changed = False
         for name in re.findall(r"[A-Za-z_][A-Za-z0-9_]*", text):
-            if name in assigned:
-                text = text.replace(name, assigned[name], 1)
+            value = assigned.get(name)
+            if value is not None and (value[:1] in "'\"" or value.startswith(("f'", 'f"'))):
+                text = text.replace(name, value.strip("'\"").removeprefix("f"), 1)
+                changed = True
+            elif value is not None and "/" not in text:
+                text = text.replace(name, value, 1)
+                changed = True
+            if changed:
                 break
+        if not changed:
+            break
     return text
 
 
