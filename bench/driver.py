@@ -56,6 +56,7 @@ from tests.kubelet import (  # noqa: E402
     NodeClient,
     allocated_claim,
     register_retrying,
+    run_argv,
     wait_for_socket,
 )
 
@@ -142,30 +143,16 @@ def cdi_root(base: Path) -> Path:
 
 
 def driver_argv(base: Path, kubeconfig: Path) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "toposlice",
-        "run",
-        "--fake",
-        "dgx-h100",
-        "--node-name",
+    return run_argv(
+        base,
+        kubeconfig,
         NODE,
-        "--kubeconfig",
-        str(kubeconfig),
-        "--kubelet-registrar-directory-path",
-        str(base / "reg"),
-        "--kubelet-plugins-directory-path",
-        str(base / "plug"),
-        "--cdi-root",
-        str(cdi_root(base)),
-        "--state-dir",
-        str(base / "state"),
         "--http-addr",
         "127.0.0.1:0",
         "--log-level",
         "warning",
-    ]
+        cdi_root=cdi_root(base),
+    )
 
 
 def start_driver(base: Path, kubeconfig: Path) -> tuple[subprocess.Popen[bytes], float, Any]:

@@ -4,6 +4,7 @@ does, then prepare / unprepare claims and read the health stream over the unix s
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +34,38 @@ class Registered:
     info: Any
     version: str
     """The node-service string the kubelet picked (first known one, plugin's order)."""
+
+
+def run_argv(
+    base: Path,
+    kubeconfig: Path,
+    node: str,
+    *extra: str,
+    machine: str = "dgx-h100",
+    cdi_root: Path | None = None,
+) -> list[str]:
+    """``toposlice run`` on a fake machine with every kubelet path under ``base``."""
+    return [
+        sys.executable,
+        "-m",
+        "toposlice",
+        "run",
+        "--fake",
+        machine,
+        "--node-name",
+        node,
+        "--kubeconfig",
+        str(kubeconfig),
+        "--kubelet-registrar-directory-path",
+        str(base / "reg"),
+        "--kubelet-plugins-directory-path",
+        str(base / "plug"),
+        "--cdi-root",
+        str(cdi_root or base / "cdi"),
+        "--state-dir",
+        str(base / "state"),
+        *extra,
+    ]
 
 
 def wait_for_socket(path: Path, timeout: float, poll: float = 0.002) -> float:

@@ -9,7 +9,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.error
@@ -23,7 +22,13 @@ import pytest
 
 from normalize.validation import validate_pool
 from tests.kubeapi import KubeAPIServer
-from tests.kubelet import NodeClient, allocated_claim, register_retrying, wait_for_socket
+from tests.kubelet import (
+    NodeClient,
+    allocated_claim,
+    register_retrying,
+    run_argv,
+    wait_for_socket,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 DRIVER = "toposlice.dev"
@@ -44,7 +49,7 @@ class Driver:
         self.base = base
         self.kubeconfig = kubeconfig
         self.port = port
-        self.reg = base / "reg"
+        self.reg = base / "reg"  # the paths run_argv uses
         self.plugins = base / "plug"
         self.cdi = base / "cdi"
         self.state = base / "state"
@@ -55,25 +60,10 @@ class Driver:
         return self.reg / f"{DRIVER}-reg.sock"
 
     def argv(self, *extra: str) -> list[str]:
-        return [
-            sys.executable,
-            "-m",
-            "toposlice",
-            "run",
-            "--fake",
-            "dgx-h100",
-            "--node-name",
+        return run_argv(
+            self.base,
+            self.kubeconfig,
             NODE,
-            "--kubeconfig",
-            str(self.kubeconfig),
-            "--kubelet-registrar-directory-path",
-            str(self.reg),
-            "--kubelet-plugins-directory-path",
-            str(self.plugins),
-            "--cdi-root",
-            str(self.cdi),
-            "--state-dir",
-            str(self.state),
             "--http-addr",
             f"127.0.0.1:{self.port}",
             "--resync-interval",
@@ -81,7 +71,7 @@ class Driver:
             "--startup-timeout",
             "0",
             *extra,
-        ]
+        )
 
     def start(self, *extra: str) -> Driver:
         self.proc = subprocess.Popen(

@@ -152,6 +152,15 @@ class Store:
             table.index.get(ix, set()).discard(key)
         return obj
 
+    def _commit(
+        self, res: Resource, key: tuple[str, str], obj: dict[str, Any], event: str
+    ) -> dict[str, Any]:
+        """Store ``obj`` at a new resourceVersion, tell watchers, return a copy."""
+        obj["metadata"]["resourceVersion"] = str(self._next_rv())
+        self._put(res, key, obj)
+        self._event(event, res, obj)
+        return copy.deepcopy(obj)
+
     def _event(self, kind: str, res: Resource, obj: dict[str, Any]) -> None:
         self._events.append(WatchEvent(self._rv, kind, res.plural, copy.deepcopy(obj)))
         self._lock.notify_all()
@@ -245,11 +254,8 @@ class Store:
             meta["uid"] = str(uuid.uuid4())
             meta["creationTimestamp"] = _now()
             meta["generation"] = 1
-            meta["resourceVersion"] = str(self._next_rv())
             meta.pop("deletionTimestamp", None)
-            self._put(res, (namespace, name), obj)
-            self._event("ADDED", res, obj)
-            return copy.deepcopy(obj)
+            return self._commit(res, (namespace, name), obj, "ADDED")
 
     def update(
         self,
@@ -296,10 +302,7 @@ class Store:
             self._validate(res, new)
             gen = cur_meta.get("generation", 1)
             meta["generation"] = gen + 1 if new.get("spec") != current.get("spec") else gen
-            meta["resourceVersion"] = str(self._next_rv())
-            self._put(res, (namespace, name), new)
-            self._event("MODIFIED", res, new)
-            return copy.deepcopy(new)
+            return self._commit(res, (namespace, name), new, "MODIFIED")
 
     def delete(
         self,
