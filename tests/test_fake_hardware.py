@@ -32,7 +32,7 @@ from discovery.fake import (
 from discovery.fake.sysfs_builder import cpumask
 from discovery.readers import format_cpulist, normalize_bdf, parse_cpulist, parse_cpumask
 
-SHIPPED = ["cloud-vm-1gpu", "cpu-2s", "dgx-h100", "gb200-nvl72-tray", "mi300x-8"]
+SHIPPED = ["cloud-vm-1gpu", "cpu-2s", "dgx-h100", "gb200-nvl72-tray", "mi300x-8", "pcie-8gpu"]
 
 
 def _read(path: Path) -> str:
