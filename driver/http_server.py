@@ -48,7 +48,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from email.utils import formatdate
 from typing import Any
 from urllib.parse import parse_qs
@@ -130,7 +130,6 @@ class Rendered:
     inventory: Resource | None
     normalization: Resource
     inventory_dict: dict[str, Any] | None = None
-    created: float = field(default_factory=time.time)
 
     def same_content(self, snap: Snapshot, report: NormalizationReport) -> bool:
         """True when ``snap`` would render to the same bytes (a rediscovery that found the
@@ -202,16 +201,13 @@ def device_infos(rendered: Rendered) -> list[DeviceInfo]:
             pcie_root=str(a.get("pcie_root") or ""),
             numa_node="" if numa is None else str(numa),
         )
-        idents = a.get("dra") or [{}]
-        for ident in idents:
+        for ident in a.get("dra") or [{}]:
             out.append(
-                DeviceInfo(
-                    **{
-                        **base.__dict__,
-                        "driver": ident.get("driver", ""),
-                        "pool": ident.get("pool", ""),
-                        "device": ident.get("device", ""),
-                    }
+                replace(
+                    base,
+                    driver=ident.get("driver", ""),
+                    pool=ident.get("pool", ""),
+                    device=ident.get("device", ""),
                 )
             )
     return out

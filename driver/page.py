@@ -373,7 +373,6 @@ def _matrix(doc: dict[str, Any]) -> str:
 
 
 def _device_table(doc: dict[str, Any], marks: Mapping[str, Mark]) -> str:
-    verts = {v["id"]: v for v in doc.get("vertices", [])}
     rows = []
     for v in doc.get("vertices", []):
         if v["kind"] not in ("gpu", "nic", "cpu_group"):
@@ -396,7 +395,6 @@ def _device_table(doc: dict[str, Any], marks: Mapping[str, Mark]) -> str:
             f"<td>{'<br>'.join(_a(i) for i in idents) or '-'}</td>"
             f"<td>{' '.join(state) or _a(mark.health)}</td></tr>"
         )
-    del verts
     return (
         "<table class='devices'><thead><tr><th>device</th><th>kind</th><th>bus id / CPUs</th>"
         "<th>NUMA</th><th>PCIe root</th><th>DRA identity (driver/pool/device)</th>"

@@ -532,7 +532,7 @@ class _Checker:
                 expected=expected,
             )
 
-    def cpu_device(self, dev: _Device, vertex: str | None) -> None:
+    def cpu_device(self, dev: _Device) -> None:
         drv = dev.identity.driver
         cpus = _cpu_ids(dev)
         if cpus:
@@ -658,7 +658,7 @@ def normalization_report(
         if pci is not None:
             checker.pci_device(dev, pci)
         elif vertex is not None and vertex.startswith("cpu_group:"):
-            checker.cpu_device(dev, vertex)
+            checker.cpu_device(dev)
         elif vertex is None:
             checker.add(
                 UNMATCHED,
