@@ -26,9 +26,7 @@ import json
 import os
 import re
 import stat
-import sys
 import tarfile
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,7 +36,7 @@ from discovery.nvml_replay import RecordingNvml
 from discovery.readlog import ReadLog, record_reads
 from discovery.replay import META_FILE, NVML_FILE
 
-__all__ = ["GATHER_FORMAT", "GatherResult", "compare_inventories", "gather", "write_archive"]
+__all__ = ["GATHER_FORMAT", "GatherResult", "archive_bytes", "compare_inventories", "gather"]
 
 GATHER_FORMAT = "toposlice.gather/v1"
 _MAX_LINK_HOPS = 40
@@ -49,9 +47,10 @@ _UUID_RE = re.compile(r"^(GPU-|MIG-)?([0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-f
 
 @dataclass
 class GatherResult:
-    """What went into an archive."""
+    """An archive and what went into it."""
 
-    output: str
+    data: bytes = b""
+    """The ``.tar.gz`` itself."""
     files: int = 0
     links: int = 0
     dirs: int = 0
@@ -304,8 +303,9 @@ def _build(log: ReadLog, redactor: _Redactor | None) -> _Archive:
     return arc
 
 
-def write_archive(entries: dict[str, _Entry], output: str) -> int:
-    """Deterministic ``.tar.gz`` (sorted, mtime 0, root-owned), written atomically."""
+def archive_bytes(entries: dict[str, _Entry]) -> bytes:
+    """Deterministic ``.tar.gz`` (sorted, mtime 0, root-owned): the same reads always
+    give the same bytes."""
     buf = io.BytesIO()
     with gzip.GzipFile(fileobj=buf, mode="wb", mtime=0, filename="") as gz:
         with tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tf:
@@ -322,36 +322,18 @@ def write_archive(entries: dict[str, _Entry], output: str) -> int:
                 else:
                     info.mode, info.size = 0o644, len(entry.data)
                     tf.addfile(info, io.BytesIO(entry.data))
-    data = buf.getvalue()
-    if output == "-":
-        sys.stdout.buffer.write(data)
-        sys.stdout.buffer.flush()
-        return len(data)
-    directory = os.path.dirname(os.path.abspath(output))
-    fd, tmp = tempfile.mkstemp(prefix=".gather-", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, output)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return len(data)
+    return buf.getvalue()
 
 
 def gather(
     root: str,
-    output: str,
     discover: Callable[[str, Any], Inventory],
     *,
     include_serials: bool = False,
     nvml: Callable[[], Any] | None = None,
     live_inventory: Inventory | None = None,
 ) -> GatherResult:
-    """Archive what ``discover(root, nvml)`` reads under ``root`` to ``output``.
+    """The archive (``GatherResult.data``) of what ``discover(root, nvml)`` reads.
 
     ``discover`` runs backends and probes on a non-live root (the caller owns the
     orchestration; discovery/ does not import the probes). ``nvml`` loads the
@@ -373,7 +355,7 @@ def gather(
         "serials": "included" if include_serials else "redacted",
     }
     arc.entries[META_FILE] = _Entry("file", data=(json.dumps(meta, sort_keys=True) + "\n").encode())
-    result = GatherResult(output=output, inventory=inv)
+    result = GatherResult(inventory=inv)
     if recorder is not None and recorder.used:
         data = recorder.to_json()
         if redactor is not None:
@@ -382,7 +364,8 @@ def gather(
             "file", data=(json.dumps(data, sort_keys=True, indent=1) + "\n").encode()
         )
         result.nvml = True
-    result.size_bytes = write_archive(arc.entries, output)
+    result.data = archive_bytes(arc.entries)
+    result.size_bytes = len(result.data)
     for entry in arc.entries.values():
         if entry.kind == "file":
             result.files += 1

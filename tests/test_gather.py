@@ -31,6 +31,12 @@ def _run(root: str, nvml: Any) -> Any:
     return discover(root, nvml=nvml, live=False)
 
 
+def _gather(root: str, archive: str, **kwargs: Any) -> Any:
+    result = gather(root, _run, **kwargs)
+    Path(archive).write_bytes(result.data)
+    return result
+
+
 def _plain(inv: Any) -> dict[str, Any]:
     data: dict[str, Any] = inv.to_dict()
     data.pop("source")
@@ -47,10 +53,9 @@ def test_fake_machine_replays_exactly(name: str, tmp_path: Path) -> None:
     archive = tmp_path / f"{name}.tar.gz"
     with fake_host(name) as host:
         nvml = host.nvml
-        result = gather(
+        result = _gather(
             str(host.root),
             str(archive),
-            _run,
             include_serials=True,
             nvml=(lambda: nvml) if nvml is not None else None,
         )
@@ -77,7 +82,7 @@ def test_hwloc_dump_replays_exactly(
 ) -> None:
     root = str(hwloc_roots[case])
     archive = tmp_path / "dump.tar.gz"
-    gather(root, str(archive), _run, include_serials=True)
+    _gather(root, str(archive), include_serials=True)
     assert _plain(discover_gathered(str(archive))) == _plain(discover(root))
 
 
@@ -85,7 +90,7 @@ def test_archive_holds_only_what_discovery_reads(tmp_path: Path) -> None:
     archive = tmp_path / "dgx.tar.gz"
     with fake_host("dgx-h100") as host:
         nvml = host.nvml
-        gather(str(host.root), str(archive), _run, nvml=lambda: nvml)
+        _gather(str(host.root), str(archive), nvml=lambda: nvml)
         generated = {
             os.path.relpath(os.path.join(d, f), host.root)
             for d, _, files in os.walk(host.root)
@@ -119,7 +124,7 @@ def test_serials_are_pseudonymised_by_default(tmp_path: Path) -> None:
     spec = load_machine("dgx-h100")
     with fake_host(spec) as host:
         nvml = host.nvml
-        result = gather(str(host.root), str(archive), _run, nvml=lambda: nvml)
+        result = _gather(str(host.root), str(archive), nvml=lambda: nvml)
         truth = discover(str(host.root), nvml=host.nvml)
     replay = discover_gathered(str(archive))
     assert result.redacted > 0
@@ -153,13 +158,13 @@ def test_nvml_faults_and_absence_replay(tmp_path: Path) -> None:
     faulty = FakeNvml(spec, errors=errors)
     with fake_host(spec) as host:
         a = str(tmp_path / "a.tar.gz")
-        gather(str(host.root), a, _run, include_serials=True, nvml=lambda: faulty)
+        _gather(str(host.root), a, include_serials=True, nvml=lambda: faulty)
         expected = _plain(discover(str(host.root), nvml=FakeNvml(spec, errors=errors)))
 
         def missing() -> Any:
             raise RuntimeError("pynvml (nvidia-ml-py) is not installed: no module")
 
-        gather(str(host.root), str(tmp_path / "b.tar.gz"), _run, nvml=missing)
+        _gather(str(host.root), str(tmp_path / "b.tar.gz"), nvml=missing)
     replay = discover_gathered(str(tmp_path / "a.tar.gz"))
     assert _plain(replay) == expected
     assert any("GPU is lost" in w or "Gpu Is Lost" in w for w in replay.warnings)
@@ -215,5 +220,5 @@ def test_cli_gather_then_replay(tmp_path: Path, capsys: pytest.CaptureFixture[st
 def test_archive_is_deterministic(tmp_path: Path) -> None:
     with fake_host("cpu-2s") as host:
         for name in ("a", "b"):
-            gather(str(host.root), str(tmp_path / f"{name}.tar.gz"), _run, include_serials=True)
+            _gather(str(host.root), str(tmp_path / f"{name}.tar.gz"), include_serials=True)
     assert (tmp_path / "a.tar.gz").read_bytes() == (tmp_path / "b.tar.gz").read_bytes()

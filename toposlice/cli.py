@@ -1,4 +1,4 @@
-"""``toposlice`` command line: discover | slices | graph | machines.
+"""``toposlice`` command line: discover | slices | graph, and the module commands.
 
 Imports are deferred into each command, and only the running command's options are
 built (start-up cost: docs/performance.md).
@@ -18,13 +18,14 @@ from toposlice.sources import (
     normalize_options,
 )
 
-COMMANDS = ("discover", "slices", "graph", "machines")
+COMMANDS = ("discover", "slices", "graph")
 
 #: Commands that live in a module of their own: name -> (module, one-line help). The
 #: module has ``add_arguments(parser)`` and ``run(args) -> int``; it is imported only
 #: when its command runs (or for the full ``--help``).
 MODULE_COMMANDS: dict[str, tuple[str, str]] = {
     "gather": ("toposlice.cmd_gather", "archive the files discovery reads (replay: --gathered)"),
+    "machines": ("toposlice.cmd_machines", "list the fake machines, or capture a host as one"),
     "score": ("toposlice.cmd_score", "rank placements of a workload on topology graphs"),
     "scorer": (
         "toposlice.cmd_scorer",
@@ -67,8 +68,6 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         add_source_args(p)
         add_normalize_args(p)
         p.add_argument("-o", "--output", choices=["table", "json", "yaml", "dot"], default="table")
-
-    sub.add_parser("machines", help="list the built-in fake machines")
 
     for name, (module, help_text) in MODULE_COMMANDS.items():
         p = sub.add_parser(name, help=help_text)
@@ -115,13 +114,6 @@ def _run(args: argparse.Namespace) -> int:
         return rc
 
     from toposlice.output import dump
-
-    if args.command == "machines":
-        from discovery.fake import list_machines
-
-        for name in list_machines():
-            print(name)
-        return 0
 
     inv = load_inventory(args)
     if not args.quiet and not (args.command == "discover" and args.output == "table"):

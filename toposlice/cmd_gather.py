@@ -94,26 +94,39 @@ def gather_source(
             fake_nvml = host.nvml
             result = gather(
                 str(host.root),
-                output,
                 run,
                 include_serials=include_serials,
                 nvml=(lambda: fake_nvml) if fake_nvml is not None else None,
             )
             reference = discover(str(host.root), probes=probes, nvml=fake_nvml) if check else None
+        _write(output, result.data)
         return result, reference
     path = os.path.abspath(host_root(root))
     live = path == "/"
     live_inv = discover(path, probes=probes) if live else None
     result = gather(
         path,
-        output,
         run,
         include_serials=include_serials,
         nvml=_host_pynvml(path) if live else None,
         live_inventory=live_inv,
     )
     reference = (live_inv or discover(path, probes=probes)) if check else None
+    _write(output, result.data)
     return result, reference
+
+
+def _write(output: str, data: bytes) -> None:
+    """The archive to ``output`` atomically, or to stdout for ``-``."""
+    if output == "-":
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+        return
+    from pathlib import Path
+
+    from driver.atomic import write_atomic
+
+    write_atomic(Path(output), data)
 
 
 def run(args: argparse.Namespace) -> int:

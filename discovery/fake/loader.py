@@ -23,6 +23,8 @@ from discovery.fake.spec import (
     NVML_FUNCTIONS,
     AmdGpuSpec,
     AmdSpec,
+    CacheSpec,
+    CoreSpec,
     CpuSpec,
     FabricSpec,
     MachineSpec,
@@ -152,8 +154,23 @@ class _Node:
         return value
 
 
-_TOP_KEYS = {"name", "hostname", "cpu", "numa", "device_types", "pci", "nvml", "amd"}
+_TOP_KEYS = {
+    "name",
+    "hostname",
+    "cpu",
+    "numa",
+    "device_types",
+    "pci",
+    "nvml",
+    "amd",
+    "net",
+    "rdma",
+}
 _CPU_KEYS = {
+    "cores",
+    "caches",
+    "cpuinfo",
+    "max_mhz",
     "model",
     "arch",
     "vendor",
@@ -168,7 +185,20 @@ _CPU_KEYS = {
     "l3_cores",
 }
 _NUMA_KEYS = {"nodes", "distances"}
-_NODE_KEYS = {"id", "ids", "cpus", "memory_mb", "socket", "gpu"}
+_NODE_KEYS = {"id", "ids", "cpus", "memory_mb", "memory_kb", "socket", "gpu"}
+_CORE_KEYS = {"cpus", "socket", "die", "cluster", "core"}
+_CACHE_KEYS = {"cpus", "level", "type", "size_kb", "size_bytes", "id"}
+_REGULAR_CPU_KEYS = {
+    "sockets",
+    "cores_per_socket",
+    "threads_per_core",
+    "numbering",
+    "l1d_kb",
+    "l2_kb",
+    "l3_kb",
+    "l2_cores",
+    "l3_cores",
+}
 _DIST_KEYS = {"local", "same_socket", "remote", "overrides"}
 _DEVICE_KEYS = {
     "bdf",
@@ -196,6 +226,8 @@ _DEVICE_KEYS = {
     "nvidia",
     "amd",
     "iommu_group",
+    "local_cpus",
+    "udev_names",
 }
 _NET_KEYS = {"name", "address", "mtu", "operstate", "speed", "type"}
 _RDMA_KEYS = {
@@ -310,6 +342,22 @@ def parse_machine(
             xgmi_bandwidth_mbps=_pair(an, "xgmi_bandwidth_mbps", (50000, 50000)),
             pcie_bandwidth_mbps=_pair(an, "pcie_bandwidth_mbps", (32000, 64000)),
         )
+    net = None
+    if top.has("net"):
+        holder = _Node({"net": top.raw("net")}, source, {"net"})
+        net = tuple(_parse_net(holder, "virtual", name))
+        taken = {n.name for d in pci for n in d.net}
+        clash = [n.name for n in net if n.name in taken]
+        if clash:
+            raise ValueError(f"{source}: net: interface {clash[0]!r} is also a PCI function's")
+    rdma: tuple[RdmaSpec, ...] = ()
+    if top.has("rdma"):
+        holder = _Node({"rdma": top.raw("rdma")}, source, {"rdma"})
+        rdma = tuple(_parse_rdma(holder, "virtual", name, ()))
+        taken = {r.name for d in pci for r in d.rdma}
+        clash = [r.name for r in rdma if r.name in taken]
+        if clash:
+            raise ValueError(f"{source}: rdma: device {clash[0]!r} is also a PCI function's")
     return MachineSpec(
         name=name,
         hostname=hostname,
@@ -320,6 +368,8 @@ def parse_machine(
         pci=tuple(pci),
         nvml=nvml,
         amd=amd,
+        net=net,
+        rdma=rdma,
     )
 
 
@@ -337,6 +387,11 @@ def _pair(node: _Node, key: str, default: tuple[int, int]) -> tuple[int, int]:
 
 
 def _parse_cpu(node: _Node) -> CpuSpec:
+    if node.has("cores"):
+        return _parse_explicit_cpu(node)
+    if node.has("caches"):
+        raise ValueError(f"{node.where}: caches are given with an explicit cores list only")
+    extra = _cpu_extras(node)
     numbering = node.get_str("numbering", "linear")
     if numbering not in _NUMBERINGS:
         raise ValueError(
@@ -366,6 +421,116 @@ def _parse_cpu(node: _Node) -> CpuSpec:
         l3_kb=node.get_int("l3_kb", 32768),
         l2_cores=l2_cores,
         l3_cores=l3_cores,
+        cpuinfo=extra[0],
+        max_mhz=extra[1],
+    )
+
+
+def _cpu_extras(node: _Node) -> tuple[tuple[tuple[str, str], ...], int | None]:
+    """``cpuinfo`` extra lines and ``max_mhz``."""
+    raw = node.raw("cpuinfo") or {}
+    if not isinstance(raw, dict) or not all(
+        isinstance(k, str) and isinstance(v, str | int | float) and not isinstance(v, bool)
+        for k, v in raw.items()
+    ):
+        raise ValueError(f"{node.where}: cpuinfo must map cpuinfo keys to values")
+    lines = tuple((str(k), str(v)) for k, v in raw.items())
+    bad = [k for k, v in lines if "\n" in k or "\n" in v or ":" in k]
+    if bad:
+        raise ValueError(f"{node.where}: cpuinfo key {bad[0]!r} must be one line without ':'")
+    mhz = node.opt_int("max_mhz")
+    if mhz is not None and mhz <= 0:
+        raise ValueError(f"{node.where}: max_mhz must be positive")
+    return lines, mhz
+
+
+def _opt_id(node: _Node, key: str) -> int | None:
+    value = node.opt_int(key)
+    if value is not None and not 0 <= value < 1 << 31:
+        raise ValueError(f"{node.where}: {key} must be between 0 and 2^31-1, got {value}")
+    return value
+
+
+def _parse_explicit_cpu(node: _Node) -> CpuSpec:
+    """``cores: [{cpus, socket, die, cluster, core}]`` and ``caches`` (captured machines)."""
+    regular = sorted(k for k in node.data if k in _REGULAR_CPU_KEYS)
+    if regular:
+        raise ValueError(f"{node.where}: {regular[0]!r} does not go with an explicit cores list")
+    cores: list[CoreSpec] = []
+    seen: set[int] = set()
+    for i, entry in enumerate(node.get_list("cores")):
+        line = getattr(entry, "line", None)
+        at = f"{node.where}: cores[{i}]" + (f" (line {line})" if line else "")
+        cn = _Node(entry, at, _CORE_KEYS)
+        cpus = _parse_list(cn.req("cpus"), f"{cn.where}: cpus")
+        dup = seen.intersection(cpus)
+        if dup:
+            raise ValueError(f"{cn.where}: CPU {min(dup)} is in two cores")
+        if not cpus:
+            raise ValueError(f"{cn.where}: no CPUs")
+        seen.update(cpus)
+        per_cpu = cn.raw("core")
+        core_ids = None
+        if isinstance(per_cpu, list):
+            if len(per_cpu) != len(cpus) or not all(
+                isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in per_cpu
+            ):
+                raise ValueError(f"{cn.where}: core must be one id or one per CPU of cpus")
+            core_ids = tuple(int(v) for v in per_cpu)
+        cores.append(
+            CoreSpec(
+                cpus=cpus,
+                socket=_opt_id(cn, "socket"),
+                die=_opt_id(cn, "die"),
+                cluster=_opt_id(cn, "cluster"),
+                core=None if core_ids is not None else _opt_id(cn, "core"),
+                core_ids=core_ids,
+            )
+        )
+    if not cores:
+        raise ValueError(f"{node.where}: cores must list at least one core")
+    caches: list[CacheSpec] = []
+    cached: set[int] = set()
+    for i, entry in enumerate(node.get_list("caches")):
+        ca = _Node(entry, f"{node.where}: caches[{i}]", _CACHE_KEYS)
+        cpus = _parse_list(ca.req("cpus"), f"{ca.where}: cpus")
+        if not set(cpus) <= seen or cached.intersection(cpus):
+            raise ValueError(f"{ca.where}: cpus must be CPUs of cores, each in one cache")
+        cached.update(cpus)
+        if ca.has("size_kb") and ca.has("size_bytes"):
+            raise ValueError(f"{ca.where}: give size_kb or size_bytes, not both")
+        size = ca.opt_int("size_bytes")
+        if ca.has("size_kb"):
+            size = ca.get_int("size_kb", required=True) * 1024
+        caches.append(
+            CacheSpec(
+                cpus=cpus,
+                level=ca.get_int("level", 3),
+                type=ca.get_str("type", "Unified"),
+                size_bytes=size,
+                id=_opt_id(ca, "id"),
+            )
+        )
+    extra = _cpu_extras(node)
+    arch = node.get_str("arch", "x86_64")
+    sockets = {c.socket for c in cores}
+    return CpuSpec(
+        model=node.get_str("model"),
+        arch=arch,
+        vendor=node.get_str("vendor", "GenuineIntel" if arch == "x86_64" else "ARM"),
+        sockets=len(sockets),
+        cores_per_socket=0,
+        threads_per_core=max(len(c.cpus) for c in cores),
+        numbering="linear",
+        l1d_kb=0,
+        l2_kb=0,
+        l3_kb=0,
+        l2_cores=1,
+        l3_cores=1,
+        cores=tuple(cores),
+        caches=tuple(caches),
+        cpuinfo=extra[0],
+        max_mhz=extra[1],
     )
 
 
@@ -446,7 +611,7 @@ def _parse_pci(
         if par is None:
             raise ValueError(f"{raw.node.where}: parent {raw.parent} is not a device of this file")
         pclass = _class_code(par.node)
-        if pclass >> 8 != 0x0604:
+        if pclass >> 8 not in (0x0604, 0x0609):
             raise ValueError(
                 f"{raw.node.where}: parent {raw.parent} is not a PCI bridge (class 0x{pclass:06x})"
             )
@@ -581,8 +746,8 @@ def _build_device(
 ) -> PciDeviceSpec:
     where = node.where
     class_code = _class_code(node)
-    vendor = node.get_int("vendor", required=True)
-    device = node.get_int("device", required=True)
+    vendor = None if _null(node, "vendor") else node.get_int("vendor", required=True)
+    device = None if _null(node, "device") else node.get_int("device", required=True)
     physfn = parse_bdf(node.raw("physfn"), f"{where}: physfn") if node.has("physfn") else None
     link_speed = node.opt_float("link_speed")
     link_width = node.opt_int("link_width")
@@ -603,6 +768,16 @@ def _build_device(
     numvfs = node.opt_int("sriov_numvfs")
     if numvfs is not None and total is None:
         raise ValueError(f"{where}: sriov_numvfs needs sriov_totalvfs")
+    local = None
+    if node.has("local_cpus"):
+        local = _parse_list(node.raw("local_cpus"), f"{where}: local_cpus")
+    names = node.raw("udev_names")
+    if names is not None and (
+        not isinstance(names, dict)
+        or set(names) - {"vendor", "device"}
+        or not all(isinstance(v, str) for v in names.values())
+    ):
+        raise ValueError(f"{where}: udev_names must be {{vendor: text, device: text}}")
     iommu = node.opt_int("iommu_group")
     if iommu is not None and not 0 <= iommu < 1 << 31:
         raise ValueError(f"{where}: iommu_group must be a group number >= 0, got {iommu}")
@@ -612,8 +787,15 @@ def _build_device(
         class_code=class_code,
         vendor=vendor,
         device=device,
-        subsystem_vendor=node.get_int("subsystem_vendor", vendor),
-        subsystem_device=node.get_int("subsystem_device", 0),
+        subsystem_vendor=(
+            None
+            if _null(node, "subsystem_vendor")
+            or (vendor is None and not node.has("subsystem_vendor"))
+            else node.get_int("subsystem_vendor", vendor if vendor is not None else 0)
+        ),
+        subsystem_device=(
+            None if _null(node, "subsystem_device") else node.get_int("subsystem_device", 0)
+        ),
         revision=node.get_int("revision", 0),
         driver=node.get_str("driver") if node.has("driver") else None,
         numa_node=numa,
@@ -629,6 +811,8 @@ def _build_device(
         nvidia=nvidia,
         amd=amd,
         iommu_group=iommu,
+        local_cpus=local,
+        udev_names=(names.get("vendor"), names.get("device")) if names is not None else None,
     )
 
 
@@ -642,18 +826,23 @@ def _parse_net(node: _Node, bdf: str, machine: str) -> Iterator[NetSpec]:
         name = item.get_str("name")
         if not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,14}$", name):
             raise ValueError(f"{where}: bad interface name {name!r}")
-        ntype = item.get_int("type", 1)
+        ntype = 1 if _null(item, "type") else item.get_int("type", 1)
         seed = ids.digest("net", machine, bdf, name)
         default_addr = ids.ipoib_address(seed[:8]) if ntype == 32 else ids.mac(seed)
         speed: int | None = item.get_int("speed") if item.has("speed") else None
         yield NetSpec(
             name=name,
-            address=item.get_str("address", default_addr),
-            mtu=item.get_int("mtu", 4092 if ntype == 32 else 1500),
-            operstate=item.get_str("operstate", "up"),
+            address=None if _null(item, "address") else item.get_str("address", default_addr),
+            mtu=None if _null(item, "mtu") else item.get_int("mtu", 4092 if ntype == 32 else 1500),
+            operstate=None if _null(item, "operstate") else item.get_str("operstate", "up"),
             speed=speed,
-            type=ntype,
+            type=None if _null(item, "type") else ntype,
         )
+
+
+def _null(node: _Node, key: str) -> bool:
+    """``key: null`` written out: the file is absent (captured dumps)."""
+    return key in node.data and node.data[key] is None
 
 
 def _parse_rdma(
@@ -686,15 +875,18 @@ def _parse_rdma(
             )
             for p in range(1, nports + 1)
         )
-        yield RdmaSpec(
-            name=name,
-            node_guid=item.get_str("node_guid", guid),
-            sys_image_guid=item.get_str("sys_image_guid", guid),
-            fw_ver=item.get_str("fw_ver", "28.39.1002"),
-            board_id=item.get_str("board_id", "MT_0000000838"),
-            hca_type=item.get_str("hca_type", "MT4129"),
-            ports=ports,
-        )
+        defaults_of = {
+            "node_guid": guid,
+            "sys_image_guid": guid,
+            "fw_ver": "28.39.1002",
+            "board_id": "MT_0000000838",
+            "hca_type": "MT4129",
+        }
+        values = {
+            key: None if _null(item, key) else item.get_str(key, default)
+            for key, default in defaults_of.items()
+        }
+        yield RdmaSpec(name=name, ports=ports, **values)
 
 
 def _parse_errors(node: _Node, key: str) -> dict[str, int]:
@@ -807,9 +999,14 @@ def _parse_nvidia(
             else _parse_fabric(_Node(fraw, f"{node.where}: fabric", _FABRIC_KEYS), machine)
         )
     mib = 1 << 20
+    memory = node.req("memory_mib")
+    if isinstance(memory, float) and memory > 0:
+        memory_bytes = round(memory * mib)  # captured totals that are not whole MiB
+    else:
+        memory_bytes = node.get_int("memory_mib", required=True) * mib
     return NvidiaGpuSpec(
         name=node.get_str("name"),
-        memory_bytes=node.get_int("memory_mib", required=True) * mib,
+        memory_bytes=memory_bytes,
         memory_used_bytes=node.get_int("memory_used_mib", 0) * mib,
         compute_capability=(int(m.group(1)), int(m.group(2))),
         uuid=node.get_str("uuid", ids.gpu_uuid(machine, bdf)),
@@ -886,18 +1083,24 @@ def _parse_numa(
         sockets = {socket_of[c] for c in cpus}
         if nn.has("socket"):
             socket = nn.get_int("socket")
-            if sockets and sockets != {socket}:
+            if sockets and socket not in sockets:
                 raise ValueError(f"{nn.where}: socket {socket} disagrees with its CPUs")
         elif len(sockets) == 1:
             socket = sockets.pop()
         elif not cpus:
             raise ValueError(f"{nn.where}: CPU-less node needs 'socket'")
+        elif cpu.cores is not None:
+            socket = min(sockets)  # captured machines: a node may span packages
         else:
             raise ValueError(f"{nn.where}: CPUs span several sockets")
         gpu = parse_bdf(nn.raw("gpu"), f"{nn.where}: gpu") if nn.has("gpu") else None
         if gpu is not None and gpu not in gpu_bdfs:
             raise ValueError(f"{nn.where}: gpu {gpu} is not a GPU of this file")
+        if nn.has("memory_mb") and nn.has("memory_kb"):
+            raise ValueError(f"{nn.where}: give memory_mb or memory_kb, not both")
         memory_kb = nn.get_int("memory_mb", 0) * 1024
+        if nn.has("memory_kb"):
+            memory_kb = nn.get_int("memory_kb")
         for nid in ids:
             if nid in nodes:
                 raise ValueError(f"{nn.where}: duplicate NUMA node {nid}")

@@ -144,8 +144,10 @@ def _pci_info(bdf: str, dev: PciDeviceSpec | None) -> FakePciInfo:
     slot_s = rest.split(".")[0]
     dom, bus, slot = int(dom_s, 16), int(bus_s, 16), int(slot_s, 16)
     # NVML prints the function as 0 whatever it is.
-    dev_id = ((dev.device << 16) | dev.vendor) if dev is not None else 0
-    sub_id = ((dev.subsystem_device << 16) | dev.subsystem_vendor) if dev is not None else 0
+    dev_id = sub_id = 0
+    if dev is not None:
+        dev_id = ((dev.device or 0) << 16) | (dev.vendor or 0)
+        sub_id = ((dev.subsystem_device or 0) << 16) | (dev.subsystem_vendor or 0)
     return FakePciInfo(
         busIdLegacy=f"{dom & 0xFFFF:04X}:{bus:02X}:{slot:02X}.0".encode(),
         domain=dom,

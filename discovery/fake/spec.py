@@ -15,6 +15,8 @@ __all__ = [
     "NVML_FUNCTIONS",
     "AmdGpuSpec",
     "AmdSpec",
+    "CacheSpec",
+    "CoreSpec",
     "CpuSpec",
     "FabricSpec",
     "MachineSpec",
@@ -57,6 +59,31 @@ NVML_FUNCTIONS: tuple[str, ...] = (
 
 
 @dataclass(frozen=True)
+class CoreSpec:
+    """One core of an explicit CPU layout: its logical CPUs and the ids sysfs gives them
+    (None: the file is absent, as in some dumps)."""
+
+    cpus: tuple[int, ...]
+    socket: int | None
+    die: int | None
+    cluster: int | None
+    core: int | None
+    core_ids: tuple[int, ...] | None = None
+    """Per-CPU ``core_id`` when the siblings' ids differ (AMD Bulldozer modules)."""
+
+
+@dataclass(frozen=True)
+class CacheSpec:
+    """One last-level cache of an explicit CPU layout and the CPUs sharing it."""
+
+    cpus: tuple[int, ...]
+    level: int
+    type: str
+    size_bytes: int | None
+    id: int | None
+
+
+@dataclass(frozen=True)
 class CpuSpec:
     model: str
     arch: str
@@ -76,10 +103,29 @@ class CpuSpec:
     """Cores sharing one L2 (1 on x86 servers)."""
     l3_cores: int
     """Cores sharing one L3 (a whole socket on Xeon/Grace, one CCD on EPYC)."""
+    cores: tuple[CoreSpec, ...] | None = None
+    """Explicit layout (captured machines): replaces sockets x cores x threads."""
+    caches: tuple[CacheSpec, ...] | None = None
+    """Explicit last-level caches (with ``cores``)."""
+    cpuinfo: tuple[tuple[str, str], ...] = ()
+    """Extra ``key : value`` lines of every ``proc/cpuinfo`` processor block."""
+    max_mhz: int | None = None
+    """``cpufreq/cpuinfo_max_freq`` of every CPU; None: no cpufreq directory."""
 
     @property
     def count(self) -> int:
+        if self.cores is not None:
+            return sum(len(c.cpus) for c in self.cores)
         return self.sockets * self.cores_per_socket * self.threads_per_core
+
+    def ids(self) -> list[int]:
+        """Every (online) CPU id, sorted."""
+        return sorted(cid for cid, _, _, _ in self.layout())
+
+    @property
+    def nr_cpus(self) -> int:
+        """Bits in the kernel's CPU masks: one past the highest CPU id."""
+        return max(self.ids(), default=-1) + 1
 
     def cpu_id(self, socket: int, core: int, thread: int) -> int:
         if self.numbering == "linear":
@@ -92,6 +138,11 @@ class CpuSpec:
 
     def layout(self) -> Iterator[tuple[int, int, int, int]]:
         """(cpu id, socket, core within socket, thread) for every CPU, by socket/core/thread."""
+        if self.cores is not None:
+            for i, core in enumerate(self.cores):
+                for t, cid in enumerate(core.cpus):
+                    yield cid, core.socket if core.socket is not None else 0, i, t
+            return
         for s in range(self.sockets):
             for c in range(self.cores_per_socket):
                 for t in range(self.threads_per_core):
@@ -110,13 +161,15 @@ class NumaNodeSpec:
 
 @dataclass(frozen=True)
 class NetSpec:
+    """An interface; a None field writes no file (written ``null`` in the YAML)."""
+
     name: str
-    address: str
-    mtu: int
-    operstate: str
+    address: str | None
+    mtu: int | None
+    operstate: str | None
     speed: int | None
     """Mb/s; None writes no ``speed`` file (the kernel's read fails)."""
-    type: int
+    type: int | None
 
 
 @dataclass(frozen=True)
@@ -131,12 +184,14 @@ class RdmaPortSpec:
 
 @dataclass(frozen=True)
 class RdmaSpec:
+    """An RDMA device; a None field writes no file (written ``null`` in the YAML)."""
+
     name: str
-    node_guid: str
-    sys_image_guid: str
-    fw_ver: str
-    board_id: str
-    hca_type: str
+    node_guid: str | None
+    sys_image_guid: str | None
+    fw_ver: str | None
+    board_id: str | None
+    hca_type: str | None
     ports: tuple[RdmaPortSpec, ...]
 
 
@@ -195,10 +250,11 @@ class PciDeviceSpec:
     bdf: str
     parent: str | None
     class_code: int
-    vendor: int
-    device: int
-    subsystem_vendor: int
-    subsystem_device: int
+    vendor: int | None
+    """None (``vendor: null``): no file, as in dumps that lack it."""
+    device: int | None
+    subsystem_vendor: int | None
+    subsystem_device: int | None
     revision: int
     driver: str | None
     numa_node: int
@@ -215,6 +271,10 @@ class PciDeviceSpec:
     amd: AmdGpuSpec | None
     iommu_group: int | None = None
     """``iommu_group`` link to ``kernel/iommu_groups/<n>``; None: no IOMMU (no link)."""
+    local_cpus: tuple[int, ...] | None = None
+    """``local_cpus``/``local_cpulist``; None: the NUMA node's CPUs (all when -1)."""
+    udev_names: tuple[str | None, str | None] | None = None
+    """(vendor, device) names for ``run/udev/data/+pci:<bdf>`` (udev's hwdb names)."""
 
     @property
     def domain(self) -> int:
@@ -264,6 +324,10 @@ class MachineSpec:
     pci: tuple[PciDeviceSpec, ...]
     nvml: NvmlSpec | None
     amd: AmdSpec | None
+    net: tuple[NetSpec, ...] | None = None
+    """Interfaces on no PCI function (``devices/virtual/net``); None: just ``lo``."""
+    rdma: tuple[RdmaSpec, ...] = ()
+    """RDMA devices on no PCI function (``devices/virtual/infiniband``)."""
     _by_bdf: dict[str, PciDeviceSpec] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:

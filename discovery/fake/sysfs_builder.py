@@ -13,7 +13,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from discovery.fake.spec import MachineSpec, PciDeviceSpec
+from discovery.fake.spec import MachineSpec, NetSpec, PciDeviceSpec, RdmaSpec
 from discovery.readers import format_cpulist
 
 __all__ = ["build_sysfs", "cpumask", "function_dir"]
@@ -79,7 +79,14 @@ def build_sysfs(spec: MachineSpec, root: Path) -> None:
     _build_cpus(spec, w)
     _build_numa(spec, w)
     _build_pci(spec, w)
-    _build_loopback(w)
+    if spec.net is None:
+        _build_loopback(w)
+    else:
+        _build_virtual_net(spec, w)
+    for rdma in spec.rdma:
+        rel = f"devices/virtual/infiniband/{rdma.name}"
+        _write_rdma(rdma, rel, w)
+        w.link(f"class/infiniband/{rdma.name}", rel)
     if spec.amd_gpus():
         _build_kfd(spec, w)
     _build_host_files(spec, root)
@@ -89,6 +96,9 @@ def build_sysfs(spec: MachineSpec, root: Path) -> None:
 
 
 def _build_cpus(spec: MachineSpec, w: _Writer) -> None:
+    if spec.cpu.cores is not None:
+        _build_explicit_cpus(spec, w)
+        return
     cpu = spec.cpu
     n = cpu.count
     all_list = f"0-{n - 1}" if n > 1 else "0"
@@ -155,6 +165,65 @@ def _build_cpus(spec: MachineSpec, w: _Writer) -> None:
                 f"../../node/node{node_of[cid]}",
                 os.path.join(w.base, base, f"node{node_of[cid]}"),
             )
+        _write_cpufreq(spec, w, base)
+
+
+def _write_cpufreq(spec: MachineSpec, w: _Writer, base: str) -> None:
+    if spec.cpu.max_mhz is not None:
+        w.files(f"{base}/cpufreq", {"cpuinfo_max_freq": str(spec.cpu.max_mhz * 1000)})
+
+
+def _build_explicit_cpus(spec: MachineSpec, w: _Writer) -> None:
+    """A captured layout: only the files the capture knows (absent ids: no file)."""
+    cpu = spec.cpu
+    assert cpu.cores is not None
+    ids = cpu.ids()
+    online = format_cpulist(ids)
+    w.files(
+        "devices/system/cpu",
+        {"online": online, "possible": online, "present": online, "offline": ""},
+    )
+    node_of = {c: node.id for node in spec.numa_nodes for c in node.cpus}
+    package: dict[int | None, list[int]] = {}
+    for core in cpu.cores:
+        package.setdefault(core.socket, []).extend(core.cpus)
+    cache_of = {c: cache for cache in cpu.caches or () for c in cache.cpus}
+    for core in cpu.cores:
+        siblings = format_cpulist(core.cpus)
+        for cid in core.cpus:
+            base = f"devices/system/cpu/cpu{cid}"
+            topo = {"core_cpus_list": siblings, "thread_siblings_list": siblings}
+            core_id = core.core_ids[core.cpus.index(cid)] if core.core_ids else core.core
+            for name, value in (
+                ("physical_package_id", core.socket),
+                ("die_id", core.die),
+                ("cluster_id", core.cluster),
+                ("core_id", core_id),
+            ):
+                if value is not None:
+                    topo[name] = str(value)
+            if core.socket is not None:
+                topo["package_cpus_list"] = format_cpulist(package[core.socket])
+            w.files(f"{base}/topology", topo)
+            cache = cache_of.get(cid)
+            if cache is not None:
+                files = {
+                    "level": str(cache.level),
+                    "type": cache.type,
+                    "shared_cpu_list": format_cpulist(cache.cpus),
+                }
+                if cache.size_bytes is not None:
+                    kib, rest = divmod(cache.size_bytes, 1024)
+                    files["size"] = f"{kib}K" if not rest else str(cache.size_bytes)
+                if cache.id is not None:
+                    files["id"] = str(cache.id)
+                w.files(f"{base}/cache/index{cache.level}", files)
+            if cid in node_of:
+                os.symlink(
+                    f"../../node/node{node_of[cid]}",
+                    os.path.join(w.base, base, f"node{node_of[cid]}"),
+                )
+            _write_cpufreq(spec, w, base)
 
 
 # --------------------------------------------------------------------------- NUMA
@@ -163,7 +232,7 @@ def _build_cpus(spec: MachineSpec, w: _Writer) -> None:
 def _build_numa(spec: MachineSpec, w: _Writer) -> None:
     nodes = spec.numa_nodes
     ids = [n.id for n in nodes]
-    n_cpus = spec.cpu.count
+    n_cpus = spec.cpu.nr_cpus
     w.files(
         "devices/system/node",
         {
@@ -206,8 +275,8 @@ def _speed(gts: float) -> str:
 
 
 def _build_pci(spec: MachineSpec, w: _Writer) -> None:
-    n_cpus = spec.cpu.count
-    all_cpus = list(range(n_cpus))
+    n_cpus = spec.cpu.nr_cpus
+    all_cpus = spec.cpu.ids()
     node_cpus = {n.id: list(n.cpus) for n in spec.numa_nodes}
     w.mkdir("bus/pci/devices")
     w.mkdir("bus/pci/drivers")
@@ -218,13 +287,21 @@ def _build_pci(spec: MachineSpec, w: _Writer) -> None:
         if root not in roots:
             roots.add(root)
             w.mkdir(f"devices/{root}")
-        local = node_cpus.get(dev.numa_node) or all_cpus
-        files = {
-            "class": _hex(dev.class_code, 6),
-            "vendor": _hex(dev.vendor, 4),
-            "device": _hex(dev.device, 4),
-            "subsystem_vendor": _hex(dev.subsystem_vendor, 4),
-            "subsystem_device": _hex(dev.subsystem_device, 4),
+        local = (
+            list(dev.local_cpus)
+            if dev.local_cpus is not None
+            else node_cpus.get(dev.numa_node) or all_cpus
+        )
+        files = {"class": _hex(dev.class_code, 6)}
+        for name, value in (
+            ("vendor", dev.vendor),
+            ("device", dev.device),
+            ("subsystem_vendor", dev.subsystem_vendor),
+            ("subsystem_device", dev.subsystem_device),
+        ):
+            if value is not None:
+                files[name] = _hex(value, 4)
+        files |= {
             "revision": _hex(dev.revision, 2),
             "numa_node": str(dev.numa_node),
             "local_cpus": cpumask(local, n_cpus),
@@ -245,6 +322,17 @@ def _build_pci(spec: MachineSpec, w: _Writer) -> None:
         if dev.amd is not None and dev.amd.name is not None:
             files["product_name"] = dev.amd.name  # amdgpu's marketing name (from the FRU)
         w.files(rel, files)
+        if dev.udev_names is not None:
+            vendor, model = dev.udev_names
+            lines = []
+            if vendor is not None:
+                lines.append(f"E:ID_VENDOR_FROM_DATABASE={vendor}")
+            if model is not None:
+                lines.append(f"E:ID_MODEL_FROM_DATABASE={model}")
+            udev = os.path.join(os.path.dirname(w.base), "run", "udev", "data")
+            os.makedirs(udev, exist_ok=True)
+            with open(os.path.join(udev, f"+pci:{dev.bdf}"), "w", encoding="utf-8") as fh:
+                fh.write("\n".join(lines) + "\n")
         if dev.iommu_group is not None:
             group = f"kernel/iommu_groups/{dev.iommu_group}"
             w.link(f"{rel}/iommu_group", group)
@@ -279,52 +367,71 @@ def _build_pci(spec: MachineSpec, w: _Writer) -> None:
 def _build_net(dev: PciDeviceSpec, rel: str, w: _Writer) -> None:
     for ifindex, net in enumerate(dev.net, start=2):
         nrel = f"{rel}/net/{net.name}"
-        files = {
-            "address": net.address,
-            "mtu": str(net.mtu),
-            "operstate": net.operstate,
-            "type": str(net.type),
-            "ifindex": str(ifindex),
-            "carrier": "1" if net.operstate == "up" else "0",
-        }
-        if net.speed is not None:
-            files["speed"] = str(net.speed)
+        files = _net_files(net, ifindex)
+        files["carrier"] = "1" if net.operstate == "up" else "0"
         w.files(nrel, files)
         w.link(f"{nrel}/device", rel)
         w.link(f"{nrel}/subsystem", "class/net")
         w.link(f"class/net/{net.name}", nrel)
 
 
+def _net_files(net: NetSpec, ifindex: int) -> dict[str, str]:
+    files = {"ifindex": str(ifindex)}
+    for name, value in (
+        ("address", net.address),
+        ("mtu", net.mtu),
+        ("operstate", net.operstate),
+        ("type", net.type),
+        ("speed", net.speed),
+    ):
+        if value is not None:
+            files[name] = str(value)
+    return files
+
+
 def _build_rdma(dev: PciDeviceSpec, rel: str, w: _Writer) -> None:
     for rdma in dev.rdma:
         irel = f"{rel}/infiniband/{rdma.name}"
-        w.files(
-            irel,
-            {
-                "node_guid": rdma.node_guid,
-                "sys_image_guid": rdma.sys_image_guid,
-                "fw_ver": rdma.fw_ver,
-                "board_id": rdma.board_id,
-                "hca_type": rdma.hca_type,
-                "node_type": "1: CA",
-            },
-        )
+        _write_rdma(rdma, irel, w)
         w.link(f"{irel}/device", rel)
         w.link(f"class/infiniband/{rdma.name}", irel)
-        for port in rdma.ports:
-            prel = f"{irel}/ports/{port.port}"
-            w.files(
-                prel,
-                {
-                    "rate": port.rate,
-                    "state": port.state,
-                    "phys_state": port.phys_state,
-                    "link_layer": port.link_layer,
-                },
-            )
-            if port.netdev is not None:
-                w.files(f"{prel}/gid_attrs/ndevs", {"0": port.netdev, "1": port.netdev})
-                w.files(f"{prel}/gid_attrs/types", {"0": "IB/RoCE v1", "1": "RoCE v2"})
+
+
+def _write_rdma(rdma: RdmaSpec, irel: str, w: _Writer) -> None:
+    files = {"node_type": "1: CA"}
+    for name, value in (
+        ("node_guid", rdma.node_guid),
+        ("sys_image_guid", rdma.sys_image_guid),
+        ("fw_ver", rdma.fw_ver),
+        ("board_id", rdma.board_id),
+        ("hca_type", rdma.hca_type),
+    ):
+        if value is not None:
+            files[name] = value
+    w.files(irel, files)
+    for port in rdma.ports:
+        prel = f"{irel}/ports/{port.port}"
+        w.files(
+            prel,
+            {
+                "rate": port.rate,
+                "state": port.state,
+                "phys_state": port.phys_state,
+                "link_layer": port.link_layer,
+            },
+        )
+        if port.netdev is not None:
+            w.files(f"{prel}/gid_attrs/ndevs", {"0": port.netdev, "1": port.netdev})
+            w.files(f"{prel}/gid_attrs/types", {"0": "IB/RoCE v1", "1": "RoCE v2"})
+
+
+def _build_virtual_net(spec: MachineSpec, w: _Writer) -> None:
+    """Interfaces on no PCI function, as captured (bridges, VLANs, ``lo``)."""
+    for ifindex, net in enumerate(spec.net or (), start=1):
+        rel = f"devices/virtual/net/{net.name}"
+        w.files(rel, _net_files(net, ifindex))
+        w.link(f"class/net/{net.name}", rel)
+    w.mkdir("class/net")
 
 
 def _build_loopback(w: _Writer) -> None:
@@ -419,8 +526,8 @@ def _build_kfd(spec: MachineSpec, w: _Writer) -> None:
                         ("io_links_count", len(links.get(me, []))),
                         ("simd_per_cu", g.amd.simd_per_cu),
                         ("drm_render_minor", g.amd.render_minor),
-                        ("vendor_id", g.vendor),
-                        ("device_id", g.device),
+                        ("vendor_id", g.vendor or 0),
+                        ("device_id", g.device or 0),
                         ("location_id", location),
                         ("domain", g.domain),
                         ("hive_id", g.amd.hive_id if amd.xgmi == "fully_connected" else 0),
@@ -471,11 +578,13 @@ def _write_links(w: _Writer, ndir: str, links: list[tuple[int, int, int, int, in
 def _build_host_files(spec: MachineSpec, root: Path) -> None:
     cpu = spec.cpu
     lines: list[str] = []
-    for cid in range(cpu.count):
+    extra = dict(cpu.cpuinfo)
+    for cid in cpu.ids():
         lines.append(f"processor\t: {cid}")
-        if cpu.arch == "x86_64":
+        if cpu.arch == "x86_64" and "vendor_id" not in extra:
             lines.append(f"vendor_id\t: {cpu.vendor}")
         lines.append(f"model name\t: {cpu.model}")
+        lines.extend(f"{key}\t: {value}" for key, value in cpu.cpuinfo)
         lines.append("")
     (root / "proc").mkdir(exist_ok=True)
     (root / "proc" / "cpuinfo").write_text("\n".join(lines) + "\n")
