@@ -88,7 +88,9 @@ def _claim_counts(spec: dict[str, Any], driver: str) -> tuple[int, int]:
     gpus = nics = 0
     for r in (spec.get("devices") or {}).get("requests") or []:
         body = r.get("exactly") or ((r.get("firstAvailable") or [None])[0]) or {}
-        count = int(body.get("count", 1)) if body.get("allocationMode", "ExactCount") else 1
+        # allocationMode All: as many as match; count it as one (the least it can be).
+        all_mode = body.get("allocationMode") == "All"
+        count = 1 if all_mode else int(body.get("count", 1))
         if body.get("deviceClassName") == gpu_cls:
             gpus += count
         elif body.get("deviceClassName") == nic_cls:

@@ -191,3 +191,98 @@ def test_jobs_beyond_a_node_use_whole_nodes_with_aligned_nics() -> None:
     assert out and out[0].kind == "multi-node" and len(out[0].pods) == 2
     # One GPU per NIC on its own PCIe switch (PXB on DGX): 50 GB/s × 0.92 per GPU.
     assert math.isclose(out[0].parts["busbw_gbps"], 400 / 8 * 0.92)
+
+
+def _big_graph(n: int = 72) -> dict:
+    """One graph with ``n`` NVLink-5 GPUs on one crossbar, 4 per PCIe switch, 2 NUMA nodes —
+    the single-graph view of an NVL72 domain."""
+    verts: list[dict] = [
+        {"id": "machine", "kind": "machine", "attrs": {"cpu_model": "Neoverse-V2"}}
+    ]
+    edges: list[dict] = []
+    devices = []
+    for i in range(n):
+        bus = f"{i // 4:04x}:01:{i % 4:02x}.0"
+        root, sw = f"pci{i // 4:04x}:00", f"bridge:{i // 4:04x}:00:00.0"
+        gid = f"gpu:{bus}"
+        verts.append(
+            {
+                "id": gid,
+                "kind": "gpu",
+                "label": f"GPU{i}",
+                "attrs": {
+                    "bus_id": bus,
+                    "dra_device": f"gpu-{i}",
+                    "pcie_root": root,
+                    "numa_node": 0 if i < n // 2 else 1,
+                    "memory_bytes": 192 << 30,
+                    "nvlink_clique": "rack.1",
+                },
+            }
+        )
+        edges.append({"source": f"pcie_root:{root}", "target": sw, "kind": "pcie", "attrs": {}})
+        edges.append(
+            {"source": sw, "target": gid, "kind": "pcie", "attrs": {"gen": 5, "width": 16}}
+        )
+        edges.append(
+            {
+                "source": gid,
+                "target": "nvswitch:fabric",
+                "kind": "nvlink",
+                "attrs": {"links": 18, "version": "5.0.0"},
+            }
+        )
+        devices.append({"label": f"GPU{i}", "id": gid, "numa_affinity": 0 if i < n // 2 else 1})
+    labels = [d["label"] for d in devices]
+    matrix = [["X" if a == b else "NV18" for b in labels] for a in labels]
+    return {
+        "schema": "toposlice.graph/v1",
+        "node": "big",
+        "vertices": verts,
+        "edges": edges,
+        "devices": devices,
+        "relations": {"labels": labels, "legend": {}, "matrix": matrix},
+    }
+
+
+def test_72_gpu_graph_structured_search_is_fast_and_beats_sampling() -> None:
+    import random
+    import time
+
+    t = from_graph(_big_graph())
+    rng = random.Random(5)
+    occ = Occupancy(allocated={"big": {g.dra_device for g in rng.sample(list(t.gpus), 30)}})
+    req = Request(gpus=8, pattern="tensor-parallel", bound="communication")
+    t0 = time.perf_counter()
+    found = node_placements(t, occ, req, 1)
+    assert time.perf_counter() - t0 < 5.0
+    assert found
+    state = NodeState(t, occ, req)
+    assert math.comb(len(state.free_gpus), 8) > 10**6  # no brute force was possible
+    for _ in range(1500):
+        p = score_set(state, req, rng.sample(list(state.free_gpus), 8))
+        assert p is not None and p.score <= found[0].score + 1e-9
+
+
+def test_structured_search_matches_brute_force_where_both_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import scorer.search as search
+
+    monkeypatch.setattr(search, "EXACT_LIMIT", 1)
+    search._NODE_CACHE.clear()
+    try:
+        for name in ("pcie-8gpu", "dgx-h100", "mi300x-8"):
+            t = machine(name).topo()
+            for k in (2, 3, 4, 6):
+                req = Request(gpus=k, pattern="tensor-parallel")
+                state = NodeState(t, None, req)
+                best = max(
+                    p.score
+                    for c in itertools.combinations(state.free_gpus, k)
+                    if (p := score_set(state, req, list(c))) is not None
+                )
+                got = node_placements(t, None, req, 1)[0].score
+                assert got >= best - 0.5, (name, k, got, best)
+    finally:
+        search._NODE_CACHE.clear()
