@@ -245,6 +245,11 @@ class Daemon:
             max_devices_per_slice=cfg.normalize.max_devices_per_slice,
             resync_seconds=cfg.resync_interval,
         )
+        if cfg.http_addr:  # metrics only have a reader with the HTTP server
+            from .metrics import DriverMetrics
+
+            self.metrics = metrics = DriverMetrics()
+            self.publisher.on_write = lambda op, err, ok: metrics.slice_write(op, err, ok=ok)
         self._publish_desired()
         self.publisher.start()
         self._spawn(self._health_pump, "health-pump")
@@ -261,7 +266,7 @@ class Daemon:
         from .http_server import HttpServer
 
         try:
-            self.http = HttpServer(addr, self).start()
+            self.http = HttpServer(addr, self, self.metrics).start()
         except OSError as exc:
             self.stop()
             raise StartupError(f"--http-addr {addr}: {exc}") from exc
@@ -295,9 +300,13 @@ class Daemon:
             snap = self._discover_snapshot()
         except Exception as exc:  # a bad rediscovery keeps the last good snapshot
             self.last_discovery_error = f"discovery failed: {exc}"
+            if self.metrics is not None:
+                self.metrics.discovery(time.monotonic() - started, None, failed=True)
             log.exception("rediscovery failed; keeping the previous snapshot")
             return False
         self.last_discovery_error = ""
+        if self.metrics is not None:
+            self.metrics.discovery(time.monotonic() - started, snap.inventory)
         old = self._snap
         self._snap = snap
         self.health_monitor.update_snapshot(snap)

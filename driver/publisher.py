@@ -132,6 +132,8 @@ class SlicePublisher:
         self._node_uid: str | None = None
         self.writes: Counter[str] = Counter()
         """Write requests sent, by verb (create/update/delete), including failed ones."""
+        self.on_write: Callable[[str, int | str | None, bool], None] | None = None
+        """Told of every write: (verb, HTTP status or "network" when it failed, ok)."""
         self.reconciles = 0
         self.synced = False
         """The last reconcile left the API server equal to the desired pool."""
@@ -202,14 +204,22 @@ class SlicePublisher:
         body: Any = None,
         query: list[tuple[str, str]] | None = None,
     ) -> Any:
+        write = {"POST": "create", "PUT": "update", "DELETE": "delete"}.get(method)
+        if write is not None:
+            self.writes[write] += 1
         try:
-            return request_json(self.client, method, path, body, query)
+            result = request_json(self.client, method, path, body, query)
         except Exception as exc:
             f = failure(exc)
+            if write is not None and self.on_write is not None:
+                self.on_write(write, f.status if f.status is not None else "network", False)
             if f.conflict:
                 log.info("%s: conflict, re-reading", what)
                 raise _Restart() from exc
             raise PublishError(what, f) from exc
+        if write is not None and self.on_write is not None:
+            self.on_write(write, None, True)
+        return result
 
     def _owner(self, refresh: bool) -> dict[str, Any]:
         if self._node_uid is None or refresh:
@@ -321,7 +331,6 @@ class SlicePublisher:
             },
             "spec": self._spec(devices, count, generation),
         }
-        self.writes["create"] += 1
         self._call("create slice", "POST", SLICES, body)
 
     def _update(
@@ -349,14 +358,12 @@ class SlicePublisher:
             "metadata": new_meta,
             "spec": self._spec(devices, count, generation),
         }
-        self.writes["update"] += 1
         self._call("update slice", "PUT", f"{SLICES}/{quote(meta['name'])}", body)
 
     def _delete(self, existing: Mapping[str, Any]) -> None:
         meta = existing["metadata"]
         pre = {"uid": meta.get("uid"), "resourceVersion": meta.get("resourceVersion")}
         body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": pre}
-        self.writes["delete"] += 1
         try:
             self._call("delete slice", "DELETE", f"{SLICES}/{quote(meta['name'])}", body)
         except PublishError as exc:

@@ -160,6 +160,8 @@ def test_runs_as_the_kubelet_sees_it(api: KubeAPIServer, driver: Driver) -> None
     assert slices[0]["metadata"]["ownerReferences"][0]["uid"] == node_uid
     assert driver.wait_http("/readyz", 200)
     assert driver.http("/healthz")[0] == 200
+    metrics = driver.http("/metrics")[1].decode()
+    assert 'resourceslice_writes_total{operation="create"} 1.0' in metrics
 
     # Steady state: no writes while resyncs (every 0.5 s) run.
     api.reset_counters()
