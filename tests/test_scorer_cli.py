@@ -49,34 +49,9 @@ def test_devices_scores_a_given_set(tmp_path: Path, capsys: pytest.CaptureFixtur
     g = tmp_path / "pcie.json"
     g.write_text(json.dumps(machine("pcie-8gpu").graph))
     req = _write(tmp_path, "req.yaml", {"gpus": 2, "pattern": "tensor-parallel"})
-    same = _json_out(
-        capsys,
-        [
-            "score",
-            "--request",
-            req,
-            "--graph",
-            str(g),
-            "-o",
-            "json",
-            "--devices",
-            "gpu-0000-18-00-0,gpu-0000-19-00-0",
-        ],
-    )["placements"][0]
-    far = _json_out(
-        capsys,
-        [
-            "score",
-            "--request",
-            req,
-            "--graph",
-            str(g),
-            "-o",
-            "json",
-            "--devices",
-            "gpu-0000-18-00-0,gpu-0000-9a-00-0",
-        ],
-    )["placements"][0]
+    base = ["score", "--request", req, "--graph", str(g), "-o", "json", "--devices"]
+    same = _json_out(capsys, [*base, "gpu-0000-18-00-0,gpu-0000-19-00-0"])["placements"][0]
+    far = _json_out(capsys, [*base, "gpu-0000-18-00-0,gpu-0000-9a-00-0"])["placements"][0]
     assert same["parts"]["busbw_gbps"] == 24.0
     assert far["parts"]["busbw_gbps"] == 22.0
     assert same["score"] > far["score"]
