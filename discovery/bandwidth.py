@@ -5,6 +5,8 @@ Per direction, decimal GB/s, as hwloc's ``misc.h`` and its NVLink table give the
 
 from __future__ import annotations
 
+from discovery.bounds import MAX_LINK_WIDTH
+
 #: PCIe per-lane throughput by generation (128b/130b from Gen3, 242/256 FLIT from Gen6).
 PCIE_LANE_GBPS: dict[int, float] = {
     1: 0.25,
@@ -40,6 +42,6 @@ def pcie_generation(speed_gts: float | None) -> int | None:
 
 
 def pcie_link_gbps(gen: int | None, width: int | None) -> float | None:
-    if gen is None or not width or width <= 0 or gen not in PCIE_LANE_GBPS:
+    if gen is None or not width or not 0 < width <= MAX_LINK_WIDTH or gen not in PCIE_LANE_GBPS:
         return None
     return PCIE_LANE_GBPS[gen] * width

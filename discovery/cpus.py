@@ -10,13 +10,14 @@ from __future__ import annotations
 import os
 import re
 
+from discovery.bounds import MAX_BYTES, MAX_CPUS
 from discovery.model import CacheGroup, Cpu
 from discovery.readers import parse_cpulist, parse_cpumask, read_int, read_text
 from discovery.root import Root
 from discovery.warning_log import Warnings
 
-_CPU_DIR = re.compile(r"^cpu(\d+)$")
-_SIZE = re.compile(r"^(\d+)\s*([KMG]?)")
+_CPU_DIR = re.compile(r"^cpu(\d{1,5})$")
+_SIZE = re.compile(r"^(\d{1,20})\s*([KMG]?)")
 
 
 def online_cpus(root: Root, warn: Warnings) -> list[int]:
@@ -35,8 +36,9 @@ def online_cpus(root: Root, warn: Warnings) -> list[int]:
         return []
     for name in names:
         m = _CPU_DIR.match(name)
-        if m and read_text(os.path.join(base, name, "online")) != "0":
-            out.append(int(m.group(1)))
+        if m and int(m.group(1)) < MAX_CPUS:
+            if read_text(os.path.join(base, name, "online")) != "0":
+                out.append(int(m.group(1)))
     return sorted(out)
 
 
@@ -46,7 +48,8 @@ def _size_bytes(text: str | None) -> int | None:
     m = _SIZE.match(text)
     if not m:
         return None
-    return int(m.group(1)) * {"": 1, "K": 1024, "M": 1 << 20, "G": 1 << 30}[m.group(2)]
+    size = int(m.group(1)) * {"": 1, "K": 1024, "M": 1 << 20, "G": 1 << 30}[m.group(2)]
+    return size if size < MAX_BYTES else None
 
 
 def _cpuset(topo: str, list_name: str, mask_name: str) -> list[int] | None:

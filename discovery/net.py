@@ -10,13 +10,14 @@ from __future__ import annotations
 import os
 import re
 
+from discovery.bounds import MAX_NET_SPEED_MBPS, MAX_RDMA_RATE_GBPS
 from discovery.model import NetInterface, RdmaDevice, RdmaPort
 from discovery.pci import BDF_RE
 from discovery.readers import read_int, read_text
 from discovery.root import Root
 from discovery.warning_log import Warnings
 
-_RATE = re.compile(r"^\s*([0-9.]+)\s*Gb/sec")
+_RATE = re.compile(r"^\s*([0-9]{1,9}(?:\.[0-9]{1,9})?)\s*Gb/sec")
 
 
 def _device_path(class_rel: str, class_dir: str, name: str) -> str | None:
@@ -61,7 +62,7 @@ def discover_net(root: Root, warn: Warnings) -> list[NetInterface]:
         base = os.path.join(class_dir, name)
         iface.address = read_text(os.path.join(base, "address"))
         speed = read_int(os.path.join(base, "speed"))
-        iface.speed_mbps = speed if speed is not None and speed > 0 else None
+        iface.speed_mbps = speed if speed is not None and 0 < speed <= MAX_NET_SPEED_MBPS else None
         iface.mtu = read_int(os.path.join(base, "mtu"))
         iface.operstate = read_text(os.path.join(base, "operstate"))
         iface.type = read_int(os.path.join(base, "type"))
@@ -104,7 +105,7 @@ def discover_rdma(root: Root, warn: Warnings) -> list[RdmaDevice]:
         dev.board_id = read_text(os.path.join(base, "board_id"))
         ports_dir = os.path.join(base, "ports")
         try:
-            ports = sorted((p for p in os.listdir(ports_dir) if p.isdigit()), key=int)
+            ports = sorted((p for p in os.listdir(ports_dir) if _port_dir(p)), key=int)
         except OSError:
             ports = []
         for p in ports:
@@ -113,7 +114,7 @@ def discover_rdma(root: Root, warn: Warnings) -> list[RdmaDevice]:
             rate = None
             if rate_text:
                 m = _RATE.match(rate_text)
-                if m:
+                if m and 0 < float(m.group(1)) <= MAX_RDMA_RATE_GBPS:
                     rate = float(m.group(1))
                 else:
                     warn.add(f"rdma {name} port {p}: malformed rate {rate_text[:40]!r}")
@@ -132,3 +133,8 @@ def discover_rdma(root: Root, warn: Warnings) -> list[RdmaDevice]:
             )
         out.append(dev)
     return out
+
+
+def _port_dir(name: str) -> bool:
+    """``ports/1``: an ASCII port number (RDMA ports are u8 + 1)."""
+    return name.isascii() and name.isdigit() and len(name) <= 3

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 
+from discovery.bounds import MAX_BYTES, MAX_NUMA_NODES
 from discovery.model import Cpu, NumaNode
 from discovery.readers import parse_cpulist, parse_cpumask, read_text
 from discovery.root import Root
@@ -17,11 +18,16 @@ _MEMTOTAL = re.compile(r"MemTotal:\s*(\d+)\s*kB")
 def discover_numa(root: Root, online: list[int], warn: Warnings) -> list[NumaNode]:
     base = root.sys_path("devices", "system", "node")
     try:
-        ids = sorted(int(m.group(1)) for n in os.listdir(base) if (m := _NODE_DIR.match(n)))
+        ids = sorted(
+            int(m.group(1))
+            for n in os.listdir(base)
+            if (m := _NODE_DIR.match(n)) and len(m.group(1)) <= 4
+        )
+        ids = [i for i in ids if i < MAX_NUMA_NODES]
     except OSError:
         ids = []
     online_text = read_text(os.path.join(base, "online"))
-    online_nodes = parse_cpulist(online_text) if online_text is not None else None
+    online_nodes = parse_cpulist(online_text, MAX_NUMA_NODES) if online_text is not None else None
     if online_nodes is not None and ids:
         kept = [i for i in ids if i in set(online_nodes)]
         ids = kept or ids
@@ -45,7 +51,12 @@ def discover_numa(root: Root, online: list[int], warn: Warnings) -> list[NumaNod
         if meminfo:
             m = _MEMTOTAL.search(meminfo)
             if m:
-                node.memory_bytes = int(m.group(1)) * 1024
+                digits = m.group(1)
+                size = int(digits) * 1024 if len(digits) <= 20 else MAX_BYTES
+                if size < MAX_BYTES:
+                    node.memory_bytes = size
+                else:
+                    warn.add(f"numa node{nid}: MemTotal {m.group(1)[:24]} kB is out of range")
         dist = read_text(os.path.join(ndir, "distance"))
         if dist:
             try:

@@ -12,8 +12,16 @@ from __future__ import annotations
 import os
 import re
 
+from discovery.bounds import MAX_LINK_WIDTH, MAX_NUMA_NODES
 from discovery.model import PciDevice, PciLink
-from discovery.readers import DirReader, parse_cpulist, parse_cpumask, parse_link_speed
+from discovery.readers import (
+    DirReader,
+    normalize_bdf,
+    parse_cpulist,
+    parse_cpumask,
+    parse_int,
+    parse_link_speed,
+)
 from discovery.root import Root
 from discovery.warning_log import Warnings
 
@@ -25,11 +33,11 @@ BRIDGE_CLASSES = {"0x0604", "0x0609"}
 def _hex_id(text: str | None, digits: int, what: str, bdf: str, warn: Warnings) -> str | None:
     if text is None:
         return None
-    try:
-        return f"0x{int(text, 16):0{digits}x}"
-    except ValueError:
+    value = parse_int(text, 16)
+    if value is None or not 0 <= value < 1 << (4 * digits):
         warn.add(f"pci {bdf}: malformed {what} {text[:40]!r}")
         return None
+    return f"0x{value:0{digits}x}"
 
 
 def resolve_pci_path(
@@ -71,10 +79,16 @@ def discover_pci(root: Root, warn: Warnings) -> list[PciDevice]:
         return []
     devices = []
     unlocated = []
+    names = set(entries)
     for entry in entries:
         bdf = entry.lower()
         if not BDF_RE.match(bdf):
             warn.add(f"pci: ignoring unexpected entry {entry[:60]!r} in bus/pci/devices")
+            continue
+        canonical = normalize_bdf(bdf)
+        if canonical is not None and canonical != bdf and canonical in names:
+            # `00000000:98:00.0` beside `0000:98:00.0`: one function under two names.
+            warn.add(f"pci: ignoring {entry[:60]!r}, an alias of {canonical}")
             continue
         dev, located = _read_function(root, pci_dir, entry, bdf, warn)
         devices.append(dev)
@@ -173,11 +187,11 @@ def _fill_ids(dev: PciDevice, rd: DirReader, warn: Warnings) -> None:
     bdf = dev.bus_id
     cls = rd.text("class")
     if cls is not None:
-        try:
-            value = int(cls, 16)
+        value = parse_int(cls, 16)
+        if value is not None and 0 <= value <= 0xFFFFFF:
             dev.class_code = f"0x{value >> 8:04x}"
             dev.prog_if = f"0x{value & 0xFF:02x}"
-        except ValueError:
+        else:
             warn.add(f"pci {bdf}: malformed class {cls[:40]!r}")
     dev.vendor = _hex_id(rd.text("vendor"), 4, "vendor", bdf, warn)
     dev.device = _hex_id(rd.text("device"), 4, "device", bdf, warn)
@@ -190,11 +204,11 @@ def _fill_locality(dev: PciDevice, rd: DirReader, warn: Warnings) -> None:
     bdf = dev.bus_id
     numa = rd.text("numa_node")
     if numa is not None:
-        try:
-            node = int(numa)
-            dev.numa_node = node if node >= 0 else None
-        except ValueError:
+        node = parse_int(numa)
+        if node is None or node >= MAX_NUMA_NODES:
             warn.add(f"pci {bdf}: malformed numa_node {numa[:40]!r}")
+        else:
+            dev.numa_node = node if node >= 0 else None
 
     cpus = parse_cpulist(rd.text("local_cpulist"))
     if cpus is None:
@@ -203,9 +217,9 @@ def _fill_locality(dev: PciDevice, rd: DirReader, warn: Warnings) -> None:
 
     dev.link = PciLink(
         current_speed_gts=parse_link_speed(rd.text("current_link_speed")),
-        current_width=_int_or_none(rd.text("current_link_width")),
+        current_width=_width(rd.text("current_link_width")),
         max_speed_gts=parse_link_speed(rd.text("max_link_speed")),
-        max_width=_int_or_none(rd.text("max_link_width")),
+        max_width=_width(rd.text("max_link_width")),
     )
     dev.iommu_group = _int_or_none(rd.link("iommu_group"))
     physfn = rd.link("physfn")
@@ -224,9 +238,11 @@ def _fill_locality(dev: PciDevice, rd: DirReader, warn: Warnings) -> None:
 
 
 def _int_or_none(text: str | None) -> int | None:
-    if text is None:
-        return None
-    try:
-        return int(text)
-    except ValueError:
-        return None
+    value = parse_int(text)
+    return value if value is not None and 0 <= value < 1 << 31 else None
+
+
+def _width(text: str | None) -> int | None:
+    """Link lanes; a width no PCIe link has is dropped (as ``Unknown`` would be)."""
+    value = parse_int(text)
+    return value if value is not None and 0 < value <= MAX_LINK_WIDTH else None

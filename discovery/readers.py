@@ -10,11 +10,17 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 
+from discovery.bounds import MAX_CPUS, MAX_INT_DIGITS, MAX_LINK_SPEED_GTS
+
+_HEX = frozenset("0123456789abcdefABCDEF")
+
 __all__ = [
     "format_cpulist",
     "normalize_bdf",
     "parse_cpulist",
     "parse_cpumask",
+    "parse_decimal",
+    "parse_int",
     "parse_link_speed",
     "read_hex",
     "read_int",
@@ -46,47 +52,72 @@ def _read_fd(fd: int) -> str | None:
     return data.replace(b"\x00", b"").decode("utf-8", "replace").strip()
 
 
-def read_int(path: str | os.PathLike[str], base: int = 10) -> int | None:
-    text = read_text(path)
-    if text is None:
+def parse_int(text: str | None, base: int = 10) -> int | None:
+    """The first word of ``text`` as an integer; None when malformed or longer than any
+    number the kernel prints (so a 5,000-digit file cannot hit ``int``'s digit limit)."""
+    if not text:
+        return None
+    word = text.split(None, 1)[0]
+    if len(word) > MAX_INT_DIGITS or not word.isascii():
         return None
     try:
-        return int(text.split()[0], base) if text else None
+        return int(word, base)
     except ValueError:
         return None
+
+
+def read_int(path: str | os.PathLike[str], base: int = 10) -> int | None:
+    return parse_int(read_text(path), base)
 
 
 def read_hex(path: str | os.PathLike[str]) -> int | None:
     return read_int(path, 16)
 
 
-def parse_cpulist(text: str | None) -> list[int] | None:
-    """``0-3,8,10-11`` -> [0, 1, 2, 3, 8, 10, 11]; None when malformed."""
+def parse_cpulist(text: str | None, limit: int = MAX_CPUS) -> list[int] | None:
+    """``0-3,8,10-11`` -> [0, 1, 2, 3, 8, 10, 11]; None when malformed or when an id is
+    not below ``limit`` (CPU ids: the largest NR_CPUS; the list also serves node ids).
+
+    Ranges are merged before they are expanded, so the work is bounded by ``limit``
+    however many ranges the text repeats.
+    """
     if text is None:
         return None
     text = text.replace("\x00", "").strip()
     if not text:
         return []
+    spans: list[tuple[int, int]] = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        lo_s, dash, hi_s = part.partition("-")
+        lo = _small_int(lo_s)
+        hi = _small_int(hi_s) if dash else lo
+        if lo is None or hi is None or hi < lo or hi >= limit:
+            return None
+        spans.append((lo, hi))
+    spans.sort()
     out: list[int] = []
-    try:
-        for part in text.split(","):
-            part = part.strip()
-            if not part:
-                continue
-            if "-" in part:
-                lo_s, hi_s = part.split("-", 1)
-                lo, hi = int(lo_s), int(hi_s)
-                if lo < 0 or hi < lo or hi - lo > 1 << 16:
-                    return None
-                out.extend(range(lo, hi + 1))
-            else:
-                val = int(part)
-                if val < 0:
-                    return None
-                out.append(val)
-    except ValueError:
+    last = -1
+    for lo, hi in spans:
+        lo = max(lo, last + 1)
+        if lo <= hi:
+            out.extend(range(lo, hi + 1))
+            last = hi
+    return out
+
+
+def _digits(text: str) -> bool:
+    """ASCII digits only (``str.isdigit`` also accepts superscripts that ``int`` refuses)."""
+    return text.isascii() and text.isdigit()
+
+
+def _small_int(text: str) -> int | None:
+    text = text.strip()
+    if len(text) > MAX_INT_DIGITS or not _digits(text):
         return None
-    return sorted(set(out))
+    return int(text)
 
 
 def format_cpulist(cpus: Iterable[int]) -> str:
@@ -103,16 +134,21 @@ def format_cpulist(cpus: Iterable[int]) -> str:
     return ",".join(parts)
 
 
-def parse_cpumask(text: str | None) -> list[int] | None:
-    """``00000000,0000ffff`` (32-bit words, most significant first) -> CPU ids."""
+def parse_cpumask(text: str | None, limit: int = MAX_CPUS) -> list[int] | None:
+    """``00000000,0000ffff`` (32-bit words, most significant first) -> CPU ids; None when
+    malformed (a sign, non-hex characters) or when a bit at or above ``limit`` is set."""
     if text is None:
         return None
     text = text.replace("\x00", "").strip()
     if not text:
         return []
-    try:
-        value = int(text.replace(",", ""), 16)
-    except ValueError:
+    digits = text.replace(",", "").lstrip("0")
+    if not digits:
+        return []
+    if len(digits) * 4 > limit + 3 or not all(c in _HEX for c in digits):
+        return None
+    value = int(digits, 16)
+    if value.bit_length() > limit:
         return None
     out = []
     bit = 0
@@ -141,15 +177,26 @@ def normalize_bdf(text: str) -> str | None:
 
 
 def parse_link_speed(text: str | None) -> float | None:
-    """``16.0 GT/s PCIe`` / ``8 GT/s`` -> 16.0 / 8.0; None for ``Unknown`` or garbage."""
+    """``16.0 GT/s PCIe`` / ``8 GT/s`` -> 16.0 / 8.0; None for ``Unknown``, garbage, and
+    speeds no PCIe link has (``inf``, ``nan``, above the bound)."""
+    return parse_decimal(text, MAX_LINK_SPEED_GTS)
+
+
+def parse_decimal(text: str | None, limit: float) -> float | None:
+    """The first word of ``text`` as a plain positive decimal (``16``, ``2.5``) up to
+    ``limit``; None for anything else (``inf``, ``1e999``, ``1.2.3``, signs)."""
     if not text:
         return None
-    head = text.split()[0]
-    try:
-        val = float(head)
-    except ValueError:
+    head = text.split(None, 1)[0]
+    whole, _, frac = head.partition(".")
+    if not (whole.isascii() and whole.isdigit()) or (
+        frac and not (frac.isascii() and frac.isdigit())
+    ):
         return None
-    return val if val > 0 else None
+    if len(whole) > MAX_INT_DIGITS:
+        return None
+    val = float(head[: MAX_INT_DIGITS * 2])
+    return val if 0 < val <= limit else None
 
 
 class DirReader:

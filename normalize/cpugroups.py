@@ -62,20 +62,22 @@ def _cpu_numa(inv: Inventory) -> dict[int, int]:
     return out
 
 
-def _package_of(inv: Inventory, numa: int, cpus: list[int]) -> int | None:
+def _package_of(
+    inv: Inventory, numa: int, cpus: list[int], cpu_package: dict[int, int]
+) -> int | None:
+    """The node's package, else the one package all ``cpus`` share (``cpu_package``: CPU id
+    -> package, built once per inventory so this stays linear in the CPUs asked about)."""
     node = inv.numa(numa)
     if node is not None and node.package is not None:
         return node.package
-    pkgs: set[int] = set()
-    for cpu in inv.cpus:
-        if cpu.id in cpus and cpu.package is not None:
-            pkgs.add(cpu.package)
+    pkgs = {cpu_package[c] for c in cpus if c in cpu_package}
     return next(iter(pkgs)) if len(pkgs) == 1 else None
 
 
 def cpu_groups(inv: Inventory, grouping: CpuGrouping = "numa") -> list[CpuGroup]:
     """CPU groups ordered by NUMA node, then by their first CPU; names are unique."""
     cpu_numa = _cpu_numa(inv)
+    cpu_package = {c.id: c.package for c in inv.cpus if c.package is not None}
     by_numa: dict[int, list[int]] = {}
     for c, n in cpu_numa.items():
         by_numa.setdefault(n, []).append(c)
@@ -88,22 +90,24 @@ def cpu_groups(inv: Inventory, grouping: CpuGrouping = "numa") -> list[CpuGroup]
                     name=names.cpu_numa_name(numa),
                     kind="numa",
                     numa_node=numa,
-                    package=_package_of(inv, numa, cpus),
+                    package=_package_of(inv, numa, cpus, cpu_package),
                     cpus=tuple(sorted(cpus)),
                     pcie_roots=local_pcie_roots(inv, numa),
                     memory_bytes=node.memory_bytes if node is not None else None,
                 )
             )
     elif grouping == "l3":
-        groups = _l3_groups(inv, cpu_numa)
+        groups = _l3_groups(inv, cpu_numa, cpu_package)
     else:
-        groups = _core_groups(inv, cpu_numa)
+        groups = _core_groups(inv, cpu_numa, cpu_package)
     groups.sort(key=lambda g: (g.numa_node if g.numa_node is not None else -1, g.cpus, g.name))
     unique = names.unique_names([(g.name, f"{g.kind}:{g.cpus}") for g in groups])
     return [g if g.name == n else replace(g, name=n) for g, n in zip(groups, unique, strict=True)]
 
 
-def _l3_groups(inv: Inventory, cpu_numa: dict[int, int]) -> list[CpuGroup]:
+def _l3_groups(
+    inv: Inventory, cpu_numa: dict[int, int], cpu_package: dict[int, int]
+) -> list[CpuGroup]:
     buckets: dict[tuple[int, int | None], list[int]] = {}
     by_id: dict[int, Cpu] = {c.id: c for c in inv.cpus}
     for c, numa in cpu_numa.items():
@@ -126,7 +130,7 @@ def _l3_groups(inv: Inventory, cpu_numa: dict[int, int]) -> list[CpuGroup]:
                 name=name,
                 kind="l3",
                 numa_node=numa,
-                package=_package_of(inv, numa, cpus),
+                package=_package_of(inv, numa, cpus, cpu_package),
                 cpus=tuple(sorted(cpus)),
                 pcie_roots=local_pcie_roots(inv, numa),
                 l3_id=cache_id,
@@ -135,7 +139,9 @@ def _l3_groups(inv: Inventory, cpu_numa: dict[int, int]) -> list[CpuGroup]:
     return out
 
 
-def _core_groups(inv: Inventory, cpu_numa: dict[int, int]) -> list[CpuGroup]:
+def _core_groups(
+    inv: Inventory, cpu_numa: dict[int, int], cpu_package: dict[int, int]
+) -> list[CpuGroup]:
     buckets: dict[tuple[int, int | None, int | None], list[int]] = {}
     by_id: dict[int, Cpu] = {c.id: c for c in inv.cpus}
     for c, numa in cpu_numa.items():
@@ -158,7 +164,7 @@ def _core_groups(inv: Inventory, cpu_numa: dict[int, int]) -> list[CpuGroup]:
                 name=name,
                 kind="core",
                 numa_node=numa,
-                package=pkg if pkg is not None else _package_of(inv, numa, cpus),
+                package=pkg if pkg is not None else _package_of(inv, numa, cpus, cpu_package),
                 cpus=tuple(sorted(cpus)),
                 pcie_roots=local_pcie_roots(inv, numa),
                 core=core_id,

@@ -15,6 +15,7 @@ from discovery.model import Gpu, Inventory, NvLink, PciDevice
 
 from .attributes import to_semver
 from .cpugroups import cpu_list_text, device_numa
+from .names import node_name
 from .options import NormalizeOptions
 from .pool import PoolPlan, plan_pool
 from .relations import (
@@ -280,7 +281,7 @@ def build_graph(
     return {
         "schema": GRAPH_SCHEMA,
         "node": host,
-        "dra": {"driver": opts.driver, "pool": host},
+        "dra": {"driver": opts.driver, "pool": _pool(host)},
         "vertices": list(b.vertices.values()),
         "edges": b.edges,
         "devices": devices,
@@ -353,3 +354,14 @@ def _xgmi_edges(b: _Builder, inv: Inventory) -> None:
 
 def _hive(gpu: Gpu) -> str | None:
     return gpu.xgmi_hive_id or None
+
+
+def _pool(host: str | None) -> str | None:
+    """The pool a node publishes: its node name (the host name lower-cased, as the kubelet
+    derives it); the host name as it is when it cannot be one."""
+    if host is None:
+        return None
+    try:
+        return node_name(host)
+    except ValueError:
+        return host

@@ -108,3 +108,18 @@ def unique_names(pairs: Sequence[tuple[str, str]]) -> list[str]:
         names[i] = name
         seen.add(name)
     return names
+
+
+def node_name(hostname: str) -> str:
+    """The Kubernetes node name (and pool name) for a host name, as the kubelet derives it:
+    lower-cased (``GPU-Node-01`` -> ``gpu-node-01``). ValueError, naming the flag to use,
+    when even that is not a valid node name."""
+    from .validation import is_dns_subdomain
+
+    name = hostname.strip().lower()
+    if not is_dns_subdomain(name):
+        raise ValueError(
+            f"host name {hostname[:80]!r} is not a valid Kubernetes node name "
+            "(a lower-case DNS subdomain): give --node-name"
+        )
+    return name

@@ -1,8 +1,9 @@
 """NVIDIA GPUs, NVLinks and GPU fabric through NVML (``pynvml``), plus NVSwitches from sysfs.
 
-``pynvml`` is imported inside :meth:`NvidiaProbe.probe`, only where it is used. ``ctx.nvml`` replaces it with a pynvml-compatible
-fake module (fake hardware). Every NVML call that feeds an optional fact is guarded: an
-error leaves the field None and adds at most one warning per GPU and fact kind.
+``pynvml`` is imported inside :meth:`NvidiaProbe.probe`, only where it is used;
+``ctx.nvml`` replaces it with a pynvml-compatible fake module (fake hardware). Every NVML
+call that feeds an optional fact is guarded: an error leaves the field None and adds at
+most one warning per GPU and fact kind.
 """
 
 from __future__ import annotations

@@ -138,9 +138,10 @@ def _run(args: argparse.Namespace) -> int:
         import socket
 
         from driver.config import check_names
+        from normalize.names import node_name
         from normalize.slices import build_slices
 
-        node = args.node_name or inv.hostname or socket.gethostname()
+        node = args.node_name or node_name(inv.hostname or socket.gethostname())
         check_names(node, opts.driver)  # names the API server would refuse: say so
         dump(build_slices(inv, node, opts), args.output)
         return 0
