@@ -1,0 +1,96 @@
+"""``toposlice run`` flags: environment variables, derived defaults, refusals at the edge."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from driver.config import ConfigError, DaemonConfig, add_driver_args, load_config
+from toposlice.sources import add_normalize_args, add_source_args, normalize_options
+
+
+ENV = (
+    "NODE_NAME",
+    "KUBECONFIG",
+    "DRIVER_NAME",
+    "KUBELET_REGISTRAR_DIRECTORY_PATH",
+    "KUBELET_PLUGINS_DIRECTORY_PATH",
+    "CDI_ROOT",
+    "STATE_DIR",
+    "HTTP_ADDR",
+    "PUBLISH",
+    "LOG_FORMAT",
+    "LOG_LEVEL",
+)
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ENV:
+        monkeypatch.delenv(var, raising=False)
+
+
+def parse(argv: list[str]) -> DaemonConfig:
+    p = argparse.ArgumentParser()
+    add_source_args(p)
+    add_normalize_args(p)
+    add_driver_args(p)
+    args = p.parse_args(argv)
+    return load_config(args, "/", False, normalize_options(args))
+
+
+def test_defaults_follow_the_driver_name() -> None:
+    cfg = parse(["--node-name", "n1", "--driver-name", "net.example.com"])
+    assert cfg.driver_name == "net.example.com"
+    assert cfg.normalize.driver == "net.example.com"
+    assert cfg.registrar_dir == "/var/lib/kubelet/plugins_registry"
+    assert cfg.plugins_dir == "/var/lib/kubelet/plugins/net.example.com"
+    assert cfg.state_dir == cfg.plugins_dir
+    assert cfg.cdi_root == "/var/run/cdi"
+    assert cfg.kubeconfig is None  # in-cluster
+    assert cfg.http_addr is None
+    assert cfg.publish == {"gpu", "nic", "cpu"}
+
+
+def test_environment_and_flags(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    kc = tmp_path / "kc"
+    kc.write_text("{}")
+    monkeypatch.setenv("NODE_NAME", "from-env")
+    monkeypatch.setenv("KUBECONFIG", str(kc))
+    monkeypatch.setenv("PUBLISH", "nic")
+    monkeypatch.setenv("LOG_FORMAT", "json")
+    monkeypatch.setenv("CDI_ROOT", str(tmp_path / "cdi"))
+    cfg = parse([])
+    assert (cfg.node_name, cfg.kubeconfig, cfg.publish) == ("from-env", str(kc), {"nic"})
+    assert cfg.log_format == "json" and cfg.cdi_root == str(tmp_path / "cdi")
+    assert parse(["--node-name", "from-flag", "--publish", "gpu,cpu"]).node_name == "from-flag"
+    assert parse(["--publish", "gpu,cpu"]).publish == {"gpu", "cpu"}
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        ([], "--node-name is required"),
+        (["--node-name", "BAD_Name"], "not a valid Kubernetes node name"),
+        (["--node-name", "n1", "--driver-name", "bad_driver"], "DNS-1123"),
+        (["--node-name", "n1", "--driver-name", "Upper.example.com"], "lower case"),
+        (["--node-name", "n1", "--publish", "gpu,fpga"], "--publish"),
+        (["--node-name", "n1", "--publish", ""], "--publish"),
+        (["--node-name", "n1", "--http-addr", "localhost"], "--http-addr"),
+        (["--node-name", "n1", "--kubeconfig", "/nonexistent/kc"], "no such file"),
+        (["--node-name", "n1", "--resync-interval", "0"], "--resync-interval"),
+        (
+            ["--node-name", "n1", "--kubelet-plugins-directory-path", "/" + "p" * 120],
+            "longer than 107 bytes",
+        ),
+        (
+            ["--node-name", "n1", "--driver", "a.example.com", "--driver-name", "b.example.com"],
+            "differ",
+        ),
+    ],
+)
+def test_refusals(argv: list[str], needle: str) -> None:
+    with pytest.raises(ConfigError, match=needle.replace("(", r"\(")):
+        parse(argv)
