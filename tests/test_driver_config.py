@@ -10,7 +10,6 @@ import pytest
 from driver.config import ConfigError, DaemonConfig, add_driver_args, load_config
 from toposlice.sources import add_normalize_args, add_source_args, normalize_options
 
-
 ENV = (
     "NODE_NAME",
     "KUBECONFIG",
