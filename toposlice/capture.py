@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from discovery.fake.spec import CpuSpec
 from discovery.model import Gpu, Inventory, NetInterface, PciDevice, RdmaDevice
 from discovery.nvml_codes import FABRIC_HEALTH
 from discovery.readers import format_cpulist
@@ -85,6 +86,10 @@ def _cpu(inv: Inventory) -> dict[str, Any]:
     mhz = inv.host.get("cpu_freq_max_mhz")
     if mhz and mhz.isdigit() and int(mhz) > 0:
         out["max_mhz"] = int(mhz)
+    compact = _compact_layout(inv)
+    if compact is not None:
+        out.update(compact)
+        return out
     by_id = {c.id: c for c in inv.cpus}
     cores: list[dict[str, Any]] = []
     done: set[int] = set()
@@ -124,6 +129,100 @@ def _cpu(inv: Inventory) -> dict[str, Any]:
         caches.append(item)
     if caches:
         out["caches"] = caches
+    return out
+
+
+def _compact_layout(inv: Inventory) -> dict[str, Any] | None:
+    """``sockets``/``cores_per_socket``/... when the generated regular layout gives exactly
+    these CPUs and last-level caches (the inverse of the builder's numbering); else None."""
+    cpus = inv.cpus
+    if not cpus or any(c.die != 0 or c.package is None or c.core is None for c in cpus):
+        return None
+    sockets = len({c.package for c in cpus})
+    by_core: dict[tuple[int, int], list[int]] = {}
+    for c in cpus:
+        by_core.setdefault((c.package or 0, c.core or 0), []).append(c.id)
+    threads = len(next(iter(by_core.values())))
+    per_socket = len(by_core) // sockets
+    expected_keys = {(s, k) for s in range(sockets) for k in range(per_socket)}
+    if set(by_core) != expected_keys or any(len(v) != threads for v in by_core.values()):
+        return None
+    for numbering in ("linear", "interleaved", "socket_interleaved"):
+        spec = {
+            "sockets": sockets,
+            "cores_per_socket": per_socket,
+            "threads_per_core": threads,
+            "numbering": numbering,
+        }
+        layout = CpuSpec(
+            model="",
+            arch="",
+            vendor="",
+            sockets=sockets,
+            cores_per_socket=per_socket,
+            threads_per_core=threads,
+            numbering=numbering,
+            l1d_kb=0,
+            l2_kb=0,
+            l3_kb=0,
+            l2_cores=1,
+            l3_cores=1,
+        )
+        if any(
+            sorted(ids) != [layout.cpu_id(s, k, t) for t in range(threads)]
+            for (s, k), ids in by_core.items()
+        ):
+            continue
+        extra = _compact_caches(inv, sockets, per_socket, threads)
+        if extra is None:
+            return None
+        if any(c.siblings != sorted(by_core[(c.package or 0, c.core or 0)]) for c in cpus):
+            return None
+        return spec | extra
+    return None
+
+
+def _compact_caches(
+    inv: Inventory, sockets: int, per_socket: int, threads: int
+) -> dict[str, Any] | None:
+    """``l2_cores`` (from the cluster ids) and ``l3_kb``/``l3_cores`` the builder would
+    need to write these clusters and L3 groups; None when no choice does."""
+    out: dict[str, Any] = {}
+    l2 = next(
+        (
+            n
+            for n in range(1, per_socket + 1)
+            if per_socket % n == 0
+            and all(
+                c.cluster == (c.package or 0) * (per_socket // n) + (c.core or 0) // n
+                for c in inv.cpus
+            )
+        ),
+        None,
+    )
+    if l2 is None:
+        return None
+    if l2 != 1:
+        out["l2_cores"] = l2
+    caches = inv.caches
+    sizes = {c.size_bytes for c in caches}
+    if not caches or any(c.level != 3 or c.type != "Unified" for c in caches) or len(sizes) != 1:
+        return None
+    size = sizes.pop()
+    if size is None or size % 1024:
+        return None
+    l3 = len(caches[0].cpus) // threads
+    if l3 < 1 or per_socket % l3 or len(caches) != sockets * (per_socket // l3):
+        return None
+    for cpu in inv.cpus:
+        group = (cpu.core or 0) // l3
+        want_id = (cpu.package or 0) * (per_socket // l3) + group
+        cache = caches[cpu.l3] if cpu.l3 is not None else None
+        if cache is None or cache.id != want_id:
+            return None
+    out["l3_kb"] = size // 1024
+    if l3 != per_socket:
+        out["l3_cores"] = l3
     return out
 
 
@@ -377,7 +476,14 @@ def _mapping(dumper: yaml.SafeDumper, data: dict[str, Any]) -> yaml.MappingNode:
     return dumper.represent_mapping("tag:yaml.org,2002:map", data, flow_style=flow)
 
 
+def _sequence(dumper: yaml.SafeDumper, data: list[Any]) -> yaml.SequenceNode:
+    # A list of scalars (a SLIT row, per-CPU ids, a port's [min, max]) on one line.
+    flow = all(not isinstance(v, dict | list) for v in data)
+    return dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=flow)
+
+
 _Dumper.add_representer(dict, _mapping)
+_Dumper.add_representer(list, _sequence)
 
 
 def capture_yaml(inv: Inventory, origin: str) -> str:

@@ -166,28 +166,6 @@ _TOP_KEYS = {
     "net",
     "rdma",
 }
-_CPU_KEYS = {
-    "cores",
-    "caches",
-    "cpuinfo",
-    "max_mhz",
-    "model",
-    "arch",
-    "vendor",
-    "sockets",
-    "cores_per_socket",
-    "threads_per_core",
-    "numbering",
-    "l1d_kb",
-    "l2_kb",
-    "l3_kb",
-    "l2_cores",
-    "l3_cores",
-}
-_NUMA_KEYS = {"nodes", "distances"}
-_NODE_KEYS = {"id", "ids", "cpus", "memory_mb", "memory_kb", "socket", "gpu"}
-_CORE_KEYS = {"cpus", "socket", "die", "cluster", "core"}
-_CACHE_KEYS = {"cpus", "level", "type", "size_kb", "size_bytes", "id"}
 _REGULAR_CPU_KEYS = {
     "sockets",
     "cores_per_socket",
@@ -199,6 +177,14 @@ _REGULAR_CPU_KEYS = {
     "l2_cores",
     "l3_cores",
 }
+"""The compact CPU layout; an explicit ``cores`` list replaces all of them."""
+_CPU_KEYS = {"cores", "caches", "cpuinfo", "max_mhz", "model", "arch", "vendor"} | (
+    _REGULAR_CPU_KEYS
+)
+_NUMA_KEYS = {"nodes", "distances"}
+_NODE_KEYS = {"id", "ids", "cpus", "memory_mb", "memory_kb", "socket", "gpu"}
+_CORE_KEYS = {"cpus", "socket", "die", "cluster", "core"}
+_CACHE_KEYS = {"cpus", "level", "type", "size_kb", "size_bytes", "id"}
 _DIST_KEYS = {"local", "same_socket", "remote", "overrides"}
 _DEVICE_KEYS = {
     "bdf",

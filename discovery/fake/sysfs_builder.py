@@ -194,14 +194,14 @@ def _build_explicit_cpus(spec: MachineSpec, w: _Writer) -> None:
             base = f"devices/system/cpu/cpu{cid}"
             topo = {"core_cpus_list": siblings, "thread_siblings_list": siblings}
             core_id = core.core_ids[core.cpus.index(cid)] if core.core_ids else core.core
-            for name, value in (
-                ("physical_package_id", core.socket),
-                ("die_id", core.die),
-                ("cluster_id", core.cluster),
-                ("core_id", core_id),
-            ):
-                if value is not None:
-                    topo[name] = str(value)
+            topo |= _present(
+                (
+                    ("physical_package_id", core.socket),
+                    ("die_id", core.die),
+                    ("cluster_id", core.cluster),
+                    ("core_id", core_id),
+                )
+            )
             if core.socket is not None:
                 topo["package_cpus_list"] = format_cpulist(package[core.socket])
             w.files(f"{base}/topology", topo)
@@ -292,15 +292,14 @@ def _build_pci(spec: MachineSpec, w: _Writer) -> None:
             if dev.local_cpus is not None
             else node_cpus.get(dev.numa_node) or all_cpus
         )
-        files = {"class": _hex(dev.class_code, 6)}
-        for name, value in (
+        ids = (
             ("vendor", dev.vendor),
             ("device", dev.device),
             ("subsystem_vendor", dev.subsystem_vendor),
             ("subsystem_device", dev.subsystem_device),
-        ):
-            if value is not None:
-                files[name] = _hex(value, 4)
+        )
+        files = {"class": _hex(dev.class_code, 6)}
+        files |= _present((name, None if v is None else _hex(v, 4)) for name, v in ids)
         files |= {
             "revision": _hex(dev.revision, 2),
             "numa_node": str(dev.numa_node),
@@ -375,18 +374,21 @@ def _build_net(dev: PciDeviceSpec, rel: str, w: _Writer) -> None:
         w.link(f"class/net/{net.name}", nrel)
 
 
+def _present(values: Iterable[tuple[str, object]]) -> dict[str, str]:
+    """File name -> text for the values that exist (None: the file is absent)."""
+    return {name: str(value) for name, value in values if value is not None}
+
+
 def _net_files(net: NetSpec, ifindex: int) -> dict[str, str]:
-    files = {"ifindex": str(ifindex)}
-    for name, value in (
-        ("address", net.address),
-        ("mtu", net.mtu),
-        ("operstate", net.operstate),
-        ("type", net.type),
-        ("speed", net.speed),
-    ):
-        if value is not None:
-            files[name] = str(value)
-    return files
+    return {"ifindex": str(ifindex)} | _present(
+        (
+            ("address", net.address),
+            ("mtu", net.mtu),
+            ("operstate", net.operstate),
+            ("type", net.type),
+            ("speed", net.speed),
+        )
+    )
 
 
 def _build_rdma(dev: PciDeviceSpec, rel: str, w: _Writer) -> None:
@@ -398,17 +400,16 @@ def _build_rdma(dev: PciDeviceSpec, rel: str, w: _Writer) -> None:
 
 
 def _write_rdma(rdma: RdmaSpec, irel: str, w: _Writer) -> None:
-    files = {"node_type": "1: CA"}
-    for name, value in (
-        ("node_guid", rdma.node_guid),
-        ("sys_image_guid", rdma.sys_image_guid),
-        ("fw_ver", rdma.fw_ver),
-        ("board_id", rdma.board_id),
-        ("hca_type", rdma.hca_type),
-    ):
-        if value is not None:
-            files[name] = value
-    w.files(irel, files)
+    files = _present(
+        (
+            ("node_guid", rdma.node_guid),
+            ("sys_image_guid", rdma.sys_image_guid),
+            ("fw_ver", rdma.fw_ver),
+            ("board_id", rdma.board_id),
+            ("hca_type", rdma.hca_type),
+        )
+    )
+    w.files(irel, files | {"node_type": "1: CA"})
     for port in rdma.ports:
         prel = f"{irel}/ports/{port.port}"
         w.files(
