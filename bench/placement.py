@@ -70,7 +70,7 @@ from scorer.bandwidth import busbw_gbps
 from scorer.request import Occupancy, Request
 from scorer.score import Placement, set_busbw
 from scorer.search import ClusterPlacement, place, pod_network_gbps
-from scorer.topology import NodeTopology, fake_graph, from_graph, rename_graph
+from scorer.topology import NodeTopology, from_graph, rename_graph
 
 SIZES = {1: 0.60, 2: 0.10, 4: 0.10, 8: 0.12, 16: 0.04, 32: 0.025, 64: 0.015}
 RUN_MEDIAN_S = 1186.0
@@ -84,6 +84,13 @@ class Job:
     arrival: float
     duration: float
     req: Request
+
+
+def fake_graph(name: str) -> dict[str, Any]:
+    from normalize.graph import build_graph
+    from toposlice.discover import discover
+
+    return build_graph(discover("/", fake=name))
 
 
 def build_cluster() -> list[NodeTopology]:

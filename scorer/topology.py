@@ -1,8 +1,8 @@
 """A scoring view of one node's ``toposlice.graph/v1`` document.
 
 The graph is the public interface between discovery and every scheduler-side consumer, so the
-scorer reads only the graph (never an Inventory): a node's graph may come from a file, from a
-fake machine run through discovery + normalize, or from the node's ``/v1/topology`` endpoint.
+scorer reads only the graph (never an Inventory): a node's graph may come from a file, from the
+node's ``/v1/topology`` endpoint, or (through the CLI) from a fake machine.
 The view pre-computes what scoring asks for many times per decision: per-GPU link figures,
 PCIe bridge chains, relation classes and the NVLink domain a GPU belongs to.
 """
@@ -292,18 +292,6 @@ def read_graph_file(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def fake_graph(name: str, node_name: str | None = None) -> dict[str, Any]:
-    """The graph of a shipped fake machine (real discovery on the generated tree)."""
-    from discovery.discover import discover
-    from normalize.graph import build_graph
-
-    inv = discover("/", fake=name)
-    graph = build_graph(inv)
-    if node_name:
-        graph = rename_graph(graph, node_name)
-    return graph
-
-
 def rename_graph(graph: dict[str, Any], node_name: str) -> dict[str, Any]:
     """A copy of ``graph`` published by another node (the pool is the node name)."""
     out = dict(graph)
@@ -354,10 +342,10 @@ class GraphFetcher:
 
 
 def load_graphs(
-    files: list[str] | None = None, fakes: list[str] | None = None, urls: list[str] | None = None
+    files: list[str] | None = None, urls: list[str] | None = None
 ) -> list[NodeTopology]:
+    """Views of graph files and node endpoints (fake machines: the CLI discovers them)."""
     out = [from_graph(read_graph_file(f)) for f in files or []]
-    out += [from_graph(fake_graph(n)) for n in fakes or []]
     fetcher = GraphFetcher()
     out += [from_graph(fetcher.get(u)) for u in urls or []]
     return out

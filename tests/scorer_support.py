@@ -6,11 +6,11 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
-from discovery.discover import discover
 from discovery.fake import list_machines
 from normalize.graph import build_graph
 from normalize.slices import build_slices
 from scorer.topology import NodeTopology, from_graph
+from toposlice.discover import discover
 
 
 @dataclass(frozen=True)

@@ -52,8 +52,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--claim-name", default=None, help="template name (default: request name)")
 
 
+def fake_node(spec: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """``NAME[:NODE]`` -> the fake machine's graph and ResourceSlices, published as NODE."""
+    from normalize.graph import build_graph
+    from normalize.slices import build_slices
+    from scorer.topology import rename_graph
+    from toposlice.discover import discover
+
+    name, _, node = spec.partition(":")
+    inv = discover("/", fake=name)
+    graph = build_graph(inv)
+    node = node or str(graph.get("node") or name)
+    return rename_graph(graph, node), build_slices(inv, node)
+
+
 def _load_nodes(args: argparse.Namespace) -> tuple[list[Any], dict[str, list[dict[str, Any]]]]:
-    from scorer.topology import from_graph, load_graphs, read_graph_file, rename_graph
+    from scorer.topology import from_graph, load_graphs, read_graph_file
 
     labels: dict[str, dict[str, str]] = {}
     if args.node_labels:
@@ -66,17 +80,10 @@ def _load_nodes(args: argparse.Namespace) -> tuple[list[Any], dict[str, list[dic
     nodes = []
     slices: dict[str, list[dict[str, Any]]] = {}
     for spec in args.fake:
-        from discovery.discover import discover
-        from normalize.graph import build_graph
-        from normalize.slices import build_slices
-
-        name, _, node = spec.partition(":")
-        inv = discover("/", fake=name)
-        graph = build_graph(inv)
-        node = node or str(graph.get("node") or name)
-        graph = rename_graph(graph, node)
+        graph, node_slices = fake_node(spec)
+        node = str(graph["node"])
         nodes.append(from_graph(graph, labels.get(node)))
-        slices[node] = build_slices(inv, node)
+        slices[node] = node_slices
     for files in args.graph:
         for f in files:
             g = read_graph_file(f)

@@ -47,7 +47,8 @@ def _split_addr(addr: str) -> tuple[str, int]:
 
 def run(args: argparse.Namespace) -> int:
     from scorer.extender import Extender, KubeReader, NodeGraphs, make_server
-    from scorer.topology import fake_graph, read_graph_file, rename_graph
+    from scorer.topology import read_graph_file
+    from toposlice.cmd_score import fake_node
 
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
@@ -58,9 +59,7 @@ def run(args: argparse.Namespace) -> int:
         g = read_graph_file(f)
         static[str(g.get("node"))] = g
     for spec in args.fake:
-        name, _, node = spec.partition(":")
-        g = fake_graph(name)
-        g = rename_graph(g, node or str(g.get("node") or name))
+        g, _ = fake_node(spec)
         static[str(g["node"])] = g
     graphs = NodeGraphs(static=static, url_template=args.topology_url or None)
     reader = None if args.no_kube else KubeReader()
