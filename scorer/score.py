@@ -327,7 +327,7 @@ def score_set(
     n = len(gpus)
     busbw = set_busbw(topo, gpus) if busbw_override is None else busbw_override
     parts: dict[str, float] = {"busbw_gbps": busbw, "bandwidth": bandwidth_part(busbw)}
-    explain = [f"busbw {busbw:.1f} GB/s over {n} GPU(s)"]
+    explain = [f"busbw {busbw:.1f} GB/s over {n} GPUs" if n > 1 else "1 GPU: no collective"]
     if pairs:
         ranks = [_nic_rank(topo, g, nic) for g, nic in pairs]
         parts["nic_locality"] = sum(ranks) / len(ranks) / NIC_PATH_DERATE["PIX"]
