@@ -121,7 +121,7 @@ def build_graph(
     plan = plan or plan_pool(inv, opts)
     b = _Builder()
     names = plan.names
-    rel = relation_matrix(inv)
+    rel = relation_matrix(inv, opts.matrix_nics)
     labels = dict(zip(rel.bus_ids, rel.labels, strict=True))
     host = inv.hostname
 

@@ -11,10 +11,12 @@ __all__ = [
     "MAX_DEVICES_PER_SLICE",
     "MAX_DEVICES_PER_SLICE_RESTRICTED",
     "CpuGrouping",
+    "MatrixNics",
     "NormalizeOptions",
 ]
 
 CpuGrouping = Literal["numa", "l3", "core"]
+MatrixNics = Literal["rdma", "all"]
 
 
 @dataclass(frozen=True)
@@ -28,11 +30,16 @@ class NormalizeOptions:
     """One CPU device per NUMA node, per L3 cache group, or per physical core."""
     legacy_aliases: bool = False
     """Also publish ``dra.net/numaNode`` on NICs and ``dra.cpu/numaNodeID`` on CPU groups."""
+    matrix_nics: MatrixNics = "rdma"
+    """NICs in the graph's relation matrix: ``rdma`` physical functions (nvidia-smi's set)
+    or ``all`` network functions."""
     max_devices_per_slice: int = MAX_DEVICES_PER_SLICE
     """Split the pool into slices of at most this many devices (capped by the upstream limits)."""
 
     def __post_init__(self) -> None:
         if self.cpu_grouping not in ("numa", "l3", "core"):
             raise ValueError(f"cpu_grouping must be numa, l3 or core, not {self.cpu_grouping!r}")
+        if self.matrix_nics not in ("rdma", "all"):
+            raise ValueError(f"matrix_nics must be rdma or all, not {self.matrix_nics!r}")
         if self.max_devices_per_slice < 1:
             raise ValueError("max_devices_per_slice must be >= 1")

@@ -23,6 +23,7 @@ from discovery.model import Gpu, Inventory, Nic, PciDevice
 from discovery.readers import normalize_bdf
 
 from .cpugroups import cpu_list_text, device_numa
+from .options import MatrixNics
 
 LEGEND: dict[str, str] = {
     "X": "Self",
@@ -93,6 +94,20 @@ def nic_display_name(nic: Nic) -> str:
 def ordered_nics(inv: Inventory) -> list[Nic]:
     """Natural sort of the first RDMA device name, else netdev, else bus id."""
     return sorted(inv.nics, key=lambda n: (natural_key(nic_display_name(n)), n.bus_id))
+
+
+def matrix_nics(inv: Inventory, which: MatrixNics = "rdma") -> list[Nic]:
+    """The NICs of the relation matrix, in its order.
+
+    ``rdma`` (default) is ``nvidia-smi topo -m``'s set: physical functions with an RDMA
+    device, so ``NIC<n>`` labels match it on hosts that also have an onboard Ethernet
+    port or a cloud VM's ENA, and SR-IOV VFs (which inherit their PF's relations) do not
+    make the matrix grow as n². ``all`` lists every network function.
+    """
+    nics = ordered_nics(inv)
+    if which == "all":
+        return nics
+    return [n for n in nics if n.rdma_devices and not n.is_vf]
 
 
 def numa_identity(pci: PciDevice | None, gpu: Gpu | None = None) -> int | None:
@@ -184,9 +199,10 @@ def affinity_nodes(inv: Inventory, host_numa: int | None) -> list[int]:
     return [host_numa, *placeholders]
 
 
-def relation_matrix(inv: Inventory) -> RelationMatrix:
+def relation_matrix(inv: Inventory, nics_shown: MatrixNics = "rdma") -> RelationMatrix:
+    """GPUs and the NICs :func:`matrix_nics` picks, every pair classified."""
     gpus = ordered_gpus(inv)
-    nics = ordered_nics(inv)
+    nics = matrix_nics(inv, nics_shown)
     devices: list[Gpu | Nic] = [*gpus, *nics]
     labels = [f"GPU{i}" for i in range(len(gpus))] + [f"NIC{i}" for i in range(len(nics))]
     legend = {f"NIC{i}": nic_display_name(n) for i, n in enumerate(nics)}

@@ -6,7 +6,7 @@ Built entirely from what sysfs discovery found (``pci_devices``, ``net_interface
 
 from __future__ import annotations
 
-from discovery.model import Inventory, Nic, PciDevice, RdmaDevice, RdmaPort
+from discovery.model import Inventory, NetInterface, Nic, PciDevice, RdmaDevice, RdmaPort
 from discovery.pci_ids import class_code, parse_id, vendor_word
 from plugins.base import ProbeContext, ProbeReport, ProbeUnavailable
 
@@ -79,17 +79,29 @@ def _unique(items: list[str]) -> list[str]:
     return list(dict.fromkeys(items))
 
 
-def _nic(dev: PciDevice, host: Inventory, probe: str) -> Nic:
+class _HostIndex:
+    """The host's netdevs and RDMA devices by bus id and by name, built once per probe run
+    so that each NIC costs the same whatever the number of functions (SR-IOV hosts have
+    thousands)."""
+
+    def __init__(self, host: Inventory) -> None:
+        self.net_by_bus: dict[str | None, list[NetInterface]] = {}
+        for n in host.net_interfaces:
+            self.net_by_bus.setdefault(n.bus_id, []).append(n)
+        self.rdma_by_bus: dict[str | None, list[RdmaDevice]] = {}
+        for r in host.rdma_devices:
+            self.rdma_by_bus.setdefault(r.bus_id, []).append(r)
+        self.net_by_name = {n.name: n for n in host.net_interfaces}
+        self.rdma_by_name = {r.name: r for r in host.rdma_devices}
+
+
+def _nic(dev: PciDevice, index: _HostIndex, probe: str) -> Nic:
     vendor = parse_id(dev.vendor)
     device = parse_id(dev.device)
     model = NIC_MODELS.get((vendor, device)) if vendor is not None and device is not None else None
     model = model or dev.device_name
-    netdevs = _unique(
-        list(dev.net) + [n.name for n in host.net_interfaces if n.bus_id == dev.bus_id]
-    )
-    rdma_names = _unique(
-        list(dev.rdma) + [r.name for r in host.rdma_devices if r.bus_id == dev.bus_id]
-    )
+    netdevs = _unique(list(dev.net) + [n.name for n in index.net_by_bus.get(dev.bus_id, [])])
+    rdma_names = _unique(list(dev.rdma) + [r.name for r in index.rdma_by_bus.get(dev.bus_id, [])])
     nic = Nic(
         bus_id=dev.bus_id,
         probe=probe,
@@ -99,13 +111,10 @@ def _nic(dev: PciDevice, host: Inventory, probe: str) -> Nic:
         rdma_devices=rdma_names,
         is_vf=dev.physfn is not None,
     )
-    speeds = [
-        n.speed_mbps
-        for n in host.net_interfaces
-        if n.name in netdevs and n.speed_mbps is not None and n.speed_mbps > 0
-    ]
+    ifaces = [index.net_by_name[name] for name in netdevs if name in index.net_by_name]
+    speeds = [n.speed_mbps for n in ifaces if n.speed_mbps is not None and n.speed_mbps > 0]
     nic.speed_mbps = max(speeds) if speeds else None
-    by_name = {r.name: r for r in host.rdma_devices}
+    by_name = index.rdma_by_name
     best = _best_port([by_name[name] for name in rdma_names if name in by_name])
     if best is not None:
         rd, port = best
@@ -121,9 +130,10 @@ class RdmaProbe:
 
     def probe(self, ctx: ProbeContext) -> ProbeReport:
         nics: dict[str, Nic] = {}
+        index = _HostIndex(ctx.host)
         for dev in ctx.host.pci_devices:
             if is_network(dev) and dev.bus_id not in nics:
-                nics[dev.bus_id] = _nic(dev, ctx.host, self.name)
+                nics[dev.bus_id] = _nic(dev, index, self.name)
         if not nics:
             raise ProbeUnavailable("no network-class PCI functions")
         report = ProbeReport(nics=sorted(nics.values(), key=lambda n: n.bus_id))

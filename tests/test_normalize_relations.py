@@ -51,7 +51,7 @@ def _pcie_case(chain_a: list[str], chain_b: list[str], root_b: str = "pci0000:00
     _pci(inv, "0000:0b:00.0", root_b, chain_b, 0)
     inv.gpus = [Gpu(bus_id="0000:0a:00.0", vendor="nvidia", probe="x")]
     inv.nics = [Nic(bus_id="0000:0b:00.0", probe="x")]
-    return relation_matrix(inv).relation("GPU0", "NIC0")
+    return relation_matrix(inv, "all").relation("GPU0", "NIC0")
 
 
 def test_pcie_classes() -> None:
@@ -71,7 +71,7 @@ def test_pcie_sys_on_numa_difference_and_unknown_root() -> None:
     _pci(inv, "0000:0b:00.0", None, [], 0)
     _pci(inv, "0000:0c:00.0", "pci0000:0c", [], 1)
     inv.nics = [Nic(bus_id=b, probe="x") for b in ("0000:0a:00.0", "0000:0b:00.0", "0000:0c:00.0")]
-    m = relation_matrix(inv)
+    m = relation_matrix(inv, "all")
     assert m.relation("NIC0", "NIC1") == "NODE"  # unknown roots, same NUMA and domain
     assert m.relation("NIC0", "NIC2") == "SYS"
 
@@ -83,7 +83,7 @@ def test_locality_numa_used_when_kernel_unknown() -> None:
         PciDevice(bus_id="0000:0b:00.0", pcie_root="pci0000:0b", locality_numa_node=0),
     ]
     inv.nics = [Nic(bus_id="0000:0a:00.0", probe="x"), Nic(bus_id="0000:0b:00.0", probe="x")]
-    assert relation_matrix(inv).relation("NIC0", "NIC1") == "NODE"
+    assert relation_matrix(inv, "all").relation("NIC0", "NIC1") == "NODE"
 
 
 def test_direct_nvlinks_and_switch_min() -> None:
@@ -133,7 +133,7 @@ def test_label_order() -> None:
         Nic(bus_id="0000:06:00.0", probe="x", rdma_devices=["mlx5_2"]),
         Nic(bus_id="0000:04:00.0", probe="x", netdevs=["eth0"]),
     ]
-    m = relation_matrix(inv)
+    m = relation_matrix(inv, "all")
     assert m.bus_ids[:2] == ["0000:02:00.0", "0000:01:00.0"]
     assert m.legend == {"NIC0": "eth0", "NIC1": "mlx5_2", "NIC2": "mlx5_10"}
     inv.gpus[0].index = None  # not all set: bus id order
@@ -150,3 +150,20 @@ def test_format_topo() -> None:
     assert "NIC Legend:" in text and "  NIC0: mlx5_0" in text
     plain = format_topo(relation_matrix(dgx()), affinity=False)
     assert "CPU Affinity" not in plain
+
+
+def test_matrix_lists_rdma_physical_functions_as_nvidia_smi() -> None:
+    """nvidia-smi lists RDMA devices: an onboard Ethernet port (no RDMA) and SR-IOV VFs do
+    not shift the NIC labels; ``all`` lists every network function."""
+    inv = Inventory()
+    inv.gpus = [Gpu(bus_id="0000:01:00.0", vendor="nvidia", probe="x")]
+    inv.nics = [
+        Nic(bus_id="0000:04:00.0", probe="x", netdevs=["eno1"]),
+        Nic(bus_id="0000:05:00.0", probe="x", rdma_devices=["mlx5_0"]),
+        Nic(bus_id="0000:05:00.2", probe="x", rdma_devices=["mlx5_2"], is_vf=True),
+        Nic(bus_id="0000:06:00.0", probe="x", rdma_devices=["mlx5_1"]),
+    ]
+    m = relation_matrix(inv)
+    assert m.labels == ["GPU0", "NIC0", "NIC1"]
+    assert m.legend == {"NIC0": "mlx5_0", "NIC1": "mlx5_1"}
+    assert len(relation_matrix(inv, "all").labels) == 5

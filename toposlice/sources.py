@@ -66,6 +66,13 @@ def add_normalize_args(p: argparse.ArgumentParser) -> None:
         help="how CPUs are partitioned into devices (default %(default)s)",
     )
     p.add_argument(
+        "--matrix-nics",
+        choices=["rdma", "all"],
+        default="rdma",
+        help="NICs in the graph's relation matrix: RDMA physical functions as nvidia-smi "
+        "lists them (default), or every network function",
+    )
+    p.add_argument(
         "--legacy-aliases",
         action="store_true",
         help="also publish dra.net/numaNode and dra.cpu/numaNodeID",
@@ -132,4 +139,5 @@ def normalize_options(args: argparse.Namespace) -> NormalizeOptions:
         numa_list=args.numa_list,
         cpu_grouping=args.cpu_grouping,
         legacy_aliases=args.legacy_aliases,
+        matrix_nics=getattr(args, "matrix_nics", "rdma"),
     )
