@@ -178,3 +178,30 @@ def test_report_on_another_node_sees_nothing() -> None:
     snap = snapshot_of("dgx-h100")
     report = normalization_report(snap, load_slice_files(FILES), node="other-node")
     assert report.matches == [] and report.findings == []
+
+
+def test_hashed_registration_socket_is_asked_its_name(tmp_path: Path) -> None:
+    from concurrent import futures
+
+    import grpc
+
+    from driver.gen import pluginregistration_pb2 as pb
+    from driver.gen import pluginregistration_pb2_grpc as pb_grpc
+
+    class Registration(pb_grpc.RegistrationServicer):
+        def GetInfo(self, request: pb.InfoRequest, context: grpc.ServicerContext) -> pb.PluginInfo:
+            return pb.PluginInfo(type="DRAPlugin", name="gpu.nvidia.com", endpoint="/x.sock")
+
+    registry = tmp_path / "reg"
+    registry.mkdir()
+    sock = registry / "dra-Zm9vYmFyYmF6cXV4-reg.sock"
+    server = grpc.server(futures.ThreadPoolExecutor(1))
+    pb_grpc.add_RegistrationServicer_to_server(Registration(), server)
+    server.add_insecure_port(f"unix://{sock}")
+    server.start()
+    try:
+        (registry / "dra.net-reg.sock").touch()
+        (registry / "dra-deadbeefdeadbeef-reg.sock").touch()  # nobody listening: skipped
+        assert registered_drivers(registry) == {"gpu.nvidia.com", "dra.net"}
+    finally:
+        server.stop(0)
