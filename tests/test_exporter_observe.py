@@ -74,9 +74,10 @@ def test_observer_feeds_the_server(api: KubeAPIServer, registry: Path, tmp_path:
         assert verts["nic:0000:c0:00.0"]["attrs"]["dra"] == [
             {"driver": "dra.net", "pool": "dgx-h100", "device": "rdma-mlx5-9"}
         ]
-        assert "dra" not in verts["nic:0000:29:00.0"]["attrs"] or all(
-            d["driver"] == "dra.net" for d in verts["nic:0000:29:00.0"]["attrs"]["dra"]
-        )
+        assert verts["cpu_group:cpu-numa0"]["attrs"]["dra"] == [
+            {"driver": "dra.cpu", "pool": "dgx-h100", "device": "cpudevnuma000"}
+        ]
+        assert "dra" not in verts["nvswitch:0000:05:00.0"]["attrs"]
         metrics = request(srv.url, "/metrics").body.decode()
         assert (
             'toposlice_normalization_findings{check="disagrees-with-hardware",'
