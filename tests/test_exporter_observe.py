@@ -12,6 +12,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import jsonschema
 import pytest
 
 from driver.http_server import HttpServer
@@ -66,7 +67,9 @@ def test_observer_feeds_the_server(api: KubeAPIServer, registry: Path, tmp_path:
         }
         topo = request(srv.url, "/v1/topology")
         assert topo.headers["etag"] != before
-        verts = {v["id"]: v for v in json.loads(topo.body)["vertices"]}
+        doc = json.loads(topo.body)
+        jsonschema.validate(doc, json.loads((REPO / "docs/schema/graph.schema.json").read_text()))
+        verts = {v["id"]: v for v in doc["vertices"]}
         # serve publishes nothing itself: only the other drivers' identities.
         assert verts["gpu:0000:c3:00.0"]["attrs"]["dra"] == [
             {"driver": "gpu.nvidia.com", "pool": "dgx-h100", "device": "gpu-5"}
