@@ -25,6 +25,7 @@ existing taint keeps its ``timeAdded``.
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 import re
@@ -82,6 +83,21 @@ def _comparable(device: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _frozen(devices: Sequence[Mapping[str, Any]]) -> str:
+    return json.dumps([_comparable(d) for d in devices], sort_keys=True)
+
+
+#: Device fields a server drops when their feature gate is off (resource-api.md §1).
+_GATES = {
+    "taints": "DRADeviceTaints",
+    "consumesCounters": "DRAPartitionableDevices",
+    "bindsToNode": "DRADeviceBindingConditions",
+    "bindingConditions": "DRADeviceBindingConditions",
+    "bindingFailureConditions": "DRADeviceBindingConditions",
+    "allowMultipleAllocations": "DRAConsumableCapacity",
+}
+
+
 def _keep_time_added(desired: Device, existing: Mapping[str, Any] | None) -> Device:
     """The desired device with each taint's ``timeAdded`` taken from the published one."""
     taints = desired.get("taints")
@@ -130,6 +146,8 @@ class SlicePublisher:
         self._taints: dict[str, list[Taint]] = {}
         self._dirty = False
         self._node_uid: str | None = None
+        self._dropped: dict[Any, tuple[str, str]] = {}
+        """Slice name -> (devices sent, devices the server kept) when those differed."""
         self.writes: Counter[str] = Counter()
         """Write requests sent, by verb (create/update/delete), including failed ones."""
         self.on_write: Callable[[str, int | str | None, bool], None] | None = None
@@ -307,8 +325,37 @@ class SlicePublisher:
         if not any(r.get("uid") == owner["uid"] and r.get("kind") == "Node" for r in refs):
             return False
         published = spec.get("devices") or []
-        return len(published) == len(devices) and all(
+        if len(published) == len(devices) and all(
             _comparable(a) == _comparable(b) for a, b in zip(published, devices, strict=True)
+        ):
+            return True
+        # What the server made of our last write of this slice, when it dropped fields.
+        name = (existing.get("metadata") or {}).get("name")
+        return self._dropped.get(name) == (_frozen(devices), _frozen(published))
+
+    def _check_echo(self, sent: list[Device], stored: Any) -> None:
+        """Compare what the server stored with what was sent, as the Go publisher does: a
+        field the server dropped (its feature gate is off) is reported once, and that
+        slice is not rewritten on every resync for it."""
+        if not isinstance(stored, dict):
+            return
+        name = (stored.get("metadata") or {}).get("name")
+        got = (stored.get("spec") or {}).get("devices") or []
+        if _frozen(got) == _frozen(sent):
+            self._dropped.pop(name, None)
+            return
+        self._dropped[name] = (_frozen(sent), _frozen(got))
+        lost = sorted(
+            {k for a, b in zip(sent, got, strict=False) for k in a if k not in b}
+            | ({"devices"} if len(got) != len(sent) else set())
+        )
+        gates = sorted({_GATES.get(k, "?") for k in lost})
+        log.error(
+            "API server dropped %s from slice %s (feature gates %s disabled?); "
+            "not rewriting it for that",
+            ", ".join(lost) or "fields",
+            name,
+            ", ".join(gates),
         )
 
     def _spec(self, devices: list[Device], count: int, generation: int) -> dict[str, Any]:
@@ -331,7 +378,7 @@ class SlicePublisher:
             },
             "spec": self._spec(devices, count, generation),
         }
-        self._call("create slice", "POST", SLICES, body)
+        self._check_echo(devices, self._call("create slice", "POST", SLICES, body))
 
     def _update(
         self,
@@ -358,7 +405,8 @@ class SlicePublisher:
             "metadata": new_meta,
             "spec": self._spec(devices, count, generation),
         }
-        self._call("update slice", "PUT", f"{SLICES}/{quote(meta['name'])}", body)
+        stored = self._call("update slice", "PUT", f"{SLICES}/{quote(meta['name'])}", body)
+        self._check_echo(devices, stored)
 
     def _delete(self, existing: Mapping[str, Any]) -> None:
         meta = existing["metadata"]

@@ -152,11 +152,11 @@ def test_scripted_faults(api: KubeAPIServer, kclient: client.ApiClient) -> None:
 def test_outage_refuses_then_recovers(api: KubeAPIServer, kclient: client.ApiClient) -> None:
     rapi = client.ResourceV1Api(kclient)
     rapi.list_resource_slice()  # an open keep-alive connection exists
-    api.down(0.6)
+    api.down(2.0)
     with pytest.raises(Exception) as err:
         rapi.list_resource_slice()
     assert not isinstance(err.value, client.ApiException)  # a connection error, no answer
-    time.sleep(0.8)
+    time.sleep(2.3)
     assert rapi.list_resource_slice().items == []
 
     api.down(30, mode="503")
