@@ -88,6 +88,22 @@ def graph_table(graph: dict[str, Any]) -> str:
                 attrs.get("model") or d.get("name") or "-",
             )
         )
+    listed = {d["id"] for d in graph.get("devices", [])}
+    for v in graph.get("vertices", []):
+        if v["kind"] == "nic" and v["id"] not in listed:
+            # Network functions outside the matrix (no RDMA, SR-IOV VFs): still devices.
+            a = v["attrs"]
+            numa = a.get("numa_node", a.get("locality_numa_node"))
+            rows.append(
+                (
+                    "VF" if a.get("is_vf") else "NIC",
+                    a.get("bus_id", "-"),
+                    a.get("dra_device", "-"),
+                    "-" if numa is None else str(numa),
+                    a.get("pcie_root", "-"),
+                    a.get("model") or "-",
+                )
+            )
     for v in graph.get("vertices", []):
         if v["kind"] == "cpu_group":
             a = v["attrs"]
