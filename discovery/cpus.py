@@ -83,6 +83,7 @@ def discover_cpus(
     online_set = set(online)
     cpus: dict[int, Cpu] = {}
     siblings_of: dict[int, list[int]] = {}
+    package_of: dict[int, frozenset[int] | None] = {}
     caches: list[CacheGroup] = []
     cache_of: dict[int, int] = {}
     llc_name: str | None = None
@@ -112,6 +113,14 @@ def discover_cpus(
                 siblings_of.setdefault(s, sib)
             cpu.siblings = sib
 
+        if cid not in package_of:
+            members = _cpuset(topo, "package_cpus_list", "package_cpus")
+            if members is None:
+                members = _cpuset(topo, "core_siblings_list", "core_siblings")
+            group = frozenset(set(members) & online_set | {cid}) if members else None
+            for m in group or (cid,):
+                package_of.setdefault(m, group)
+
         if cid in cache_of:
             cpu.l3 = cache_of[cid]
         else:
@@ -136,4 +145,31 @@ def discover_cpus(
                         cache_of.setdefault(m, len(caches) - 1)
                     cpu.l3 = cache_of[cid]
         cpus[cid] = cpu
+    _packages_from_masks(cpus, package_of)
     return [cpus[c] for c in online], caches
+
+
+def _packages_from_masks(
+    cpus: dict[int, Cpu], package_of: dict[int, frozenset[int] | None]
+) -> None:
+    """Count packages as hwloc does: by the ``package_cpus``/``core_siblings`` masks.
+
+    ``physical_package_id`` is kept when it agrees with the masks (one id per mask group,
+    a different id per group). When it does not -- ``-1`` everywhere (s390x), or one id
+    shared by sockets whose masks are disjoint (some Itanium dumps) -- the groups are
+    numbered in CPU order instead. Without masks for every CPU the ids stay as read.
+    """
+    groups: dict[frozenset[int], set[int | None]] = {}
+    for cid, cpu in cpus.items():
+        group = package_of.get(cid)
+        if group is None:
+            return
+        groups.setdefault(group, set()).add(cpu.package)
+    ids = [next(iter(found)) for found in groups.values() if len(found) == 1]
+    consistent = len(ids) == len(groups) and None not in ids and len(set(ids)) == len(ids)
+    if consistent:
+        return
+    for number, group in enumerate(sorted(groups, key=min)):
+        for cid in group:
+            if cid in cpus:
+                cpus[cid].package = number
