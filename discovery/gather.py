@@ -13,7 +13,9 @@ the same shape unless ``include_serials`` is set.
 
 On a live host a few facts come from libraries rather than files (the hostname, the
 link speed/MTU psutil reads through ioctls when sysfs refuses): they are written into
-the files a replay reads (``etc/hostname``, the interface's ``speed``/``mtu``).
+the files a replay reads (``etc/hostname``, the interface's ``speed``/``mtu``). udev's
+PCI names are read from its database files like any other file, and only their two
+name lines are kept.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import re
 import stat
 import tarfile
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from discovery.model import Inventory
@@ -60,8 +62,6 @@ class GatherResult:
     """Serial-like values replaced by pseudonyms."""
     inventory: Inventory | None = None
     """The inventory discovery produced while the reads were recorded."""
-    differences: list[str] = field(default_factory=list)
-    """Where a replay of the archive differs from the host (filled by the caller's check)."""
 
 
 @dataclass
