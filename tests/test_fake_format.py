@@ -7,10 +7,11 @@ is discovered as meant, or the exact message they see (with the line to fix).
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
-from discovery.fake import fake_host, list_machines, load_machine, load_yaml
+from discovery.fake import fake_host, list_machines, load_machine, load_yaml, parse_machine
 from discovery.fake.spec import MachineSpec
 from discovery.model import Inventory
 from toposlice.discover import discover
@@ -380,3 +381,25 @@ def test_switch_shorthand_errors_name_the_line() -> None:
 def test_shipped_machines_still_load(name: str) -> None:
     spec = load_machine(name)
     assert spec.pci and re.match(r"^[a-z0-9-]+$", spec.name)
+
+
+def test_docs_switch_example_loads() -> None:
+    """The `switch:` example of docs/fake-hardware.md, with dgx-h100's device types."""
+    import yaml
+
+    from discovery.fake import machine_path
+
+    docs = (Path(__file__).resolve().parent.parent / "docs" / "fake-hardware.md").read_text()
+    section = docs.split("### `switch`", 1)[1]
+    example = yaml.safe_load(section.split("```yaml", 1)[1].split("```", 1)[0])
+    dgx = yaml.safe_load(machine_path("dgx-h100").read_text())
+    doc = {k: dgx[k] for k in ("cpu", "numa", "nvml", "device_types")} | example
+    spec = parse_machine(doc, source="docs", default_name="docs-example")
+    assert [d.bdf for d in spec.ancestors("0000:1b:00.0")] == [
+        "0000:15:01.0",
+        "0000:16:00.0",
+        "0000:17:01.0",
+        "0000:19:00.0",
+        "0000:1a:00.0",
+    ]
+    assert [d.parent for d in spec.pci if d.bdf.startswith("0000:1c:")] == ["0000:17:02.0"] * 2
