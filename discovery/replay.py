@@ -64,7 +64,9 @@ def _check_member(archive: str, member: tarfile.TarInfo) -> None:
 @contextmanager
 def extract_gathered(archive: str) -> Iterator[str]:
     """Extract a gathered archive into a temporary directory (removed on exit)."""
-    tmp = tempfile.mkdtemp(prefix="toposlice-gathered-")
+    from discovery.fake import scratch_dir  # tmpfs when available: thousands of tiny files
+
+    tmp = tempfile.mkdtemp(prefix="toposlice-gathered-", dir=scratch_dir())
     try:
         try:
             with tarfile.open(archive, "r:*") as tf:

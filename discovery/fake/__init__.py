@@ -38,6 +38,7 @@ __all__ = [
     "machine_path",
     "make_nvml",
     "parse_machine",
+    "scratch_dir",
 ]
 
 MACHINES_DIR = Path(__file__).resolve().parent / "machines"
@@ -84,7 +85,7 @@ class FakeHost:
     spec: MachineSpec
 
 
-def _default_tmp_dir() -> str | None:
+def scratch_dir() -> str | None:
     """``$TOPOSLICE_FAKE_TMPDIR``, else ``/dev/shm`` when writable (the trees are
     thousands of tiny files: several times faster on tmpfs), else the system default."""
     env = os.environ.get("TOPOSLICE_FAKE_TMPDIR")
@@ -102,7 +103,7 @@ def fake_host(
 ) -> Iterator[FakeHost]:
     """Generate the machine's tree in a temporary directory, removed on exit."""
     spec = name_or_path if isinstance(name_or_path, MachineSpec) else load_machine(name_or_path)
-    parent = os.fspath(tmp_dir) if tmp_dir is not None else _default_tmp_dir()
+    parent = os.fspath(tmp_dir) if tmp_dir is not None else scratch_dir()
     tmp = Path(tempfile.mkdtemp(prefix=f"toposlice-fake-{spec.name}-", dir=parent))
     try:
         build_sysfs(spec, tmp)
