@@ -49,8 +49,9 @@ def i(v: int) -> dict[str, Any]:
     return {"int": v}
 
 
-def rslice(driver: str, index: int, devices: list[dict[str, Any]], generation: int = 1,
-           count: int = 1) -> dict[str, Any]:
+def rslice(
+    driver: str, index: int, devices: list[dict[str, Any]], generation: int = 1, count: int = 1
+) -> dict[str, Any]:
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceSlice",
