@@ -802,13 +802,19 @@ def _build_device(
     )
 
 
-def _parse_net(node: _Node, bdf: str, machine: str) -> Iterator[NetSpec]:
-    defaults = _Node(node.raw("net_defaults") or {}, f"{node.where}: net_defaults", _NET_KEYS)
-    for i, entry in enumerate(node.get_list("net")):
-        where = f"{node.where}: net[{i}]"
+def _entries(node: _Node, key: str, keys: set[str]) -> Iterator[tuple[str, _Node]]:
+    """(where, entry) of a ``net``/``rdma`` list: a bare name or a mapping, over the
+    device's ``<key>_defaults``."""
+    defaults = _Node(node.raw(f"{key}_defaults") or {}, f"{node.where}: {key}_defaults", keys)
+    for i, entry in enumerate(node.get_list(key)):
+        where = f"{node.where}: {key}[{i}]"
         if isinstance(entry, str):
             entry = {"name": entry}
-        item = _Node({**defaults.data, **_Node(entry, where, _NET_KEYS).data}, where, _NET_KEYS)
+        yield where, _Node({**defaults.data, **_Node(entry, where, keys).data}, where, keys)
+
+
+def _parse_net(node: _Node, bdf: str, machine: str) -> Iterator[NetSpec]:
+    for where, item in _entries(node, "net", _NET_KEYS):
         name = item.get_str("name")
         if not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,14}$", name):
             raise ValueError(f"{where}: bad interface name {name!r}")
@@ -834,12 +840,7 @@ def _null(node: _Node, key: str) -> bool:
 def _parse_rdma(
     node: _Node, bdf: str, machine: str, net: tuple[NetSpec, ...]
 ) -> Iterator[RdmaSpec]:
-    defaults = _Node(node.raw("rdma_defaults") or {}, f"{node.where}: rdma_defaults", _RDMA_KEYS)
-    for i, entry in enumerate(node.get_list("rdma")):
-        where = f"{node.where}: rdma[{i}]"
-        if isinstance(entry, str):
-            entry = {"name": entry}
-        item = _Node({**defaults.data, **_Node(entry, where, _RDMA_KEYS).data}, where, _RDMA_KEYS)
+    for where, item in _entries(node, "rdma", _RDMA_KEYS):
         name = item.get_str("name")
         seed = ids.digest("rdma", machine, bdf, name)
         guid = ids.guid(seed)
