@@ -714,6 +714,8 @@ def _scalar_vs_list(devices: list[_Device], checker: _Checker) -> None:
             continue
         scalar = sorted(by_form["scalar"])
         listed = sorted(by_form["list"])
+        if set(scalar) == set(listed) == {scalar[0]}:
+            continue  # one driver's own mix (its list gate is its business): not across drivers
         for drv in sorted(set(scalar) | set(listed)):
             checker.add(
                 SCALAR_VS_LIST,

@@ -12,6 +12,7 @@ import yaml
 
 from driver.observe import load_slice_files, registered_drivers
 from normalize.crossdriver import normalization_report, registered_driver
+from normalize.options import NormalizeOptions
 from normalize.slices import build_slices
 from tests.exporter_view import snapshot_of
 from tests.kubeapi import KubeAPIServer
@@ -23,6 +24,7 @@ ON_NODE = "gpu.nvidia.com,dra.net,dra.cpu"
 PCIE = "resource.kubernetes.io/pcieRoot"
 BUS = "resource.kubernetes.io/pciBusID"
 NUMA = "resource.kubernetes.io/numaNode"
+NUMA_LIST = NormalizeOptions(numa_list=True)
 
 GPU_BUS = ["1b", "43", "52", "61", "9d", "c3", "d1", "df"]
 EXPECTED_VERTEX = {
@@ -125,6 +127,11 @@ def test_doctor_is_quiet_on_clean_slices(
     rc, report = run_doctor(capsys, "--slices", str(own), "--drivers", "toposlice.dev")
     assert report["findings"] == [] and rc == 0
     assert report["summary"]["matched"] == report["summary"]["devices"] == 22
+    # The list form (CPU pcieRoot lists next to GPU/NIC scalars) is one driver's own mix.
+    listed = tmp_path / "listed.yaml"
+    listed.write_text(yaml.safe_dump_all(build_slices(snap.inventory, "dgx-h100", NUMA_LIST)))
+    rc, report = run_doctor(capsys, "--slices", str(listed), "--numa-list")
+    assert report["findings"] == [] and rc == 0
     # Only the NVIDIA slice: warnings and errors; --fail-on error still fails on errors.
     nvidia = str(DATA / "nvidia-gpu.yaml")
     rc, report = run_doctor(capsys, "--slices", nvidia, "--fail-on", "error")
