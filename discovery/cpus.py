@@ -114,9 +114,11 @@ def discover_cpus(
             cpu.siblings = sib
 
         if cid not in package_of:
-            members = _cpuset(topo, "package_cpus_list", "package_cpus")
+            # core_siblings is the kernel's older name of package_cpus (same mask); old
+            # dumps have only it, so it is read first to spare them failing opens.
+            members = _cpuset(topo, "core_siblings_list", "core_siblings")
             if members is None:
-                members = _cpuset(topo, "core_siblings_list", "core_siblings")
+                members = _cpuset(topo, "package_cpus_list", "package_cpus")
             group = frozenset(set(members) & online_set | {cid}) if members else None
             for m in group or (cid,):
                 package_of.setdefault(m, group)

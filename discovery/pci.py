@@ -85,7 +85,7 @@ def discover_pci(root: Root, warn: Warnings) -> list[PciDevice]:
         if not BDF_RE.match(bdf):
             warn.add(f"pci: ignoring unexpected entry {entry[:60]!r} in bus/pci/devices")
             continue
-        canonical = normalize_bdf(bdf)
+        canonical = normalize_bdf(bdf) if len(bdf) > 12 else bdf  # a domain of > 4 digits
         if canonical is not None and canonical != bdf and canonical in names:
             # `00000000:98:00.0` beside `0000:98:00.0`: one function under two names.
             warn.add(f"pci: ignoring {entry[:60]!r}, an alias of {canonical}")

@@ -12,8 +12,6 @@ from collections.abc import Iterable
 
 from discovery.bounds import MAX_CPUS, MAX_INT_DIGITS, MAX_LINK_SPEED_GTS
 
-_HEX = frozenset("0123456789abcdefABCDEF")
-
 __all__ = [
     "format_cpulist",
     "normalize_bdf",
@@ -142,13 +140,11 @@ def parse_cpumask(text: str | None, limit: int = MAX_CPUS) -> list[int] | None:
     text = text.replace("\x00", "").strip()
     if not text:
         return []
-    digits = text.replace(",", "").lstrip("0")
-    if not digits:
-        return []
-    if len(digits) * 4 > limit + 3 or not all(c in _HEX for c in digits):
+    try:
+        value = int(text.replace(",", ""), 16)
+    except ValueError:
         return None
-    value = int(digits, 16)
-    if value.bit_length() > limit:
+    if value < 0 or value.bit_length() > limit:  # "-1" would never end the loop below
         return None
     out = []
     bit = 0

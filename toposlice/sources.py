@@ -115,8 +115,13 @@ def inventory_loader(args: argparse.Namespace) -> Callable[[], Inventory]:
         from toposlice.discover import discover
 
         nvml = None
-        if fake is None and os.path.abspath(root) != "/":
-            # An extracted `toposlice gather` archive keeps the NVML answers beside sys/.
+        if (
+            fake is None
+            and os.path.abspath(root) != "/"
+            and os.path.exists(os.path.join(root, "nvml.json"))
+        ):
+            # An extracted `toposlice gather` archive keeps the NVML answers beside sys/
+            # (checked first: the replay module's imports cost a cold start ~10 ms).
             from discovery.replay import gathered_nvml
 
             nvml = gathered_nvml(root)
