@@ -622,7 +622,7 @@ class HttpServer:
                 report = old if empty else empty_report(snap.node_name)
             if snap is not None and report is not None and prev.same_content(snap, report):
                 self._rendered = replace(prev, snapshot=snap)
-                self._recent = [snap, *self._recent[:3]]
+                self._recent = [snap, *self._recent[:1]]
                 return
             rendered = render(snap, report, self.publishes, self.dot)
             self.metrics.set_topology(
@@ -633,7 +633,7 @@ class HttpServer:
             )
             self._rendered = rendered  # the swap: one reference assignment
             if snap is not None:
-                self._recent = [snap, *self._recent[:3]]
+                self._recent = [snap, *self._recent[:1]]
 
     @property
     def rendered(self) -> Rendered:
