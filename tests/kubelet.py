@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -66,6 +67,16 @@ def run_argv(
         str(base / "state"),
         *extra,
     ]
+
+
+def wait_for(cond: Callable[[], object], timeout: float = 20.0) -> bool:
+    """Poll ``cond`` until it is true or ``timeout`` seconds pass; its last value."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.02)
+    return bool(cond())
 
 
 def wait_for_socket(path: Path, timeout: float, poll: float = 0.002) -> float:

@@ -19,7 +19,7 @@ from driver.daemon import Daemon, StartupError
 from driver.health import HealthEvent, xid_event
 from normalize.options import NormalizeOptions
 from tests.kubeapi import KubeAPIServer
-from tests.kubelet import NodeClient, allocated_claim, register
+from tests.kubelet import NodeClient, allocated_claim, register, wait_for
 
 DRIVER = "toposlice.dev"
 NODE = "n1"
@@ -86,15 +86,6 @@ class Events:
 
     def close(self) -> None:
         self.closed = True
-
-
-def wait_for(cond: Any, timeout: float = 10) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.02)
-    return bool(cond())
 
 
 def pool(api: KubeAPIServer) -> list[dict[str, Any]]:

@@ -27,6 +27,7 @@ from tests.kubelet import (
     allocated_claim,
     register_retrying,
     run_argv,
+    wait_for,
     wait_for_socket,
 )
 
@@ -127,15 +128,6 @@ def driver(api: KubeAPIServer) -> Iterator[Driver]:
         drv = Driver(base, api.write_kubeconfig(base / "kubeconfig"), free_port())
         yield drv
         drv.kill()
-
-
-def wait_for(cond: Any, timeout: float = 20) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.05)
-    return bool(cond())
 
 
 def test_runs_as_the_kubelet_sees_it(api: KubeAPIServer, driver: Driver) -> None:

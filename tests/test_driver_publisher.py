@@ -19,6 +19,7 @@ from driver.publisher import PublishError, SlicePublisher
 from normalize.snapshot import build_snapshot
 from normalize.validation import validate_pool
 from tests.kubeapi import KubeAPIServer
+from tests.kubelet import wait_for
 
 DRIVER = "toposlice.dev"
 NODE = "n1"
@@ -49,15 +50,6 @@ def publisher(kubeconfig: str, **kw: Any) -> SlicePublisher:
 
 def pool(api: KubeAPIServer) -> list[dict[str, Any]]:
     return api.slices(DRIVER, NODE)
-
-
-def wait_for(cond: Any, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.02)
-    return bool(cond())
 
 
 def test_first_publish_is_valid_and_owned_by_the_node(
