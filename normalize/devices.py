@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import replace
 from typing import Any
@@ -180,7 +181,7 @@ def nic_device(inv: Inventory, nic: Nic, opts: NormalizeOptions, name: str) -> D
     _put(attrs, an.RDMA_DEVICE, a_string(nic.rdma_devices[0] if nic.rdma_devices else None))
     _put(attrs, an.LINK_LAYER, a_string(nic.link_layer))
     speed = nic.speed_mbps
-    if (speed is None or speed <= 0) and nic.rate_gbps:
+    if (speed is None or speed <= 0) and nic.rate_gbps and math.isfinite(nic.rate_gbps):
         speed = round(nic.rate_gbps * 1000)
     if speed is not None and speed > 0:
         _put_int(attrs, an.SPEED_MBPS, speed)

@@ -125,3 +125,34 @@ def test_errors_are_clear(capsys: pytest.CaptureFixture[str], tmp_path: Path) ->
 
 def test_machines_lists_fake_hardware(capsys: pytest.CaptureFixture[str]) -> None:
     assert set(MACHINES) <= set(run(capsys, "machines").split())
+
+
+def test_root_flag_alias_and_host_root(
+    hwloc_roots: dict[str, Path],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``--root`` and its alias ``--sysfs-root`` read the same tree; without either,
+    ``$HOST_ROOT`` (a container mounting the host at /host) is the root."""
+    root = str(hwloc_roots[hwloc_cases()[0]])
+    by_root = run(capsys, "discover", "--root", root, "-o", "json")
+    assert run(capsys, "discover", "--sysfs-root", root, "-o", "json") == by_root
+    monkeypatch.setenv("HOST_ROOT", root)
+    assert run(capsys, "discover", "-o", "json") == by_root
+    assert json.loads(by_root)["source"] == {"sysfs_root": root}
+
+
+def test_invalid_host_name_asks_for_node_name(
+    tmp_path: Path, hwloc_roots: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    import shutil
+
+    root = tmp_path / "root"
+    shutil.copytree(hwloc_roots[hwloc_cases()[0]], root, symlinks=True)
+    (root / "etc").mkdir(exist_ok=True)
+    (root / "etc" / "hostname").write_text("GPU-Node-01\n")
+    slices = json.loads(run(capsys, "slices", "--root", str(root), "-o", "json"))
+    assert slices[0]["spec"]["pool"]["name"] == "gpu-node-01"
+    (root / "etc" / "hostname").write_text("gpu_node!\n")
+    assert main(["slices", "--root", str(root), "-o", "json"]) == 2
+    assert "--node-name" in capsys.readouterr().err

@@ -34,6 +34,13 @@ def _locality(inv: Inventory, bus_id: str) -> tuple[str, str]:
     return numa, (dev.pcie_root if dev else None) or "-"
 
 
+def _gib(size: int) -> str:
+    try:
+        return f"{size / 2**30:.1f}GiB"
+    except OverflowError:  # a saved inventory can hold any integer
+        return f"{size >> 30}GiB"
+
+
 def inventory_table(inv: Inventory) -> str:
     lines = [f"host: {inv.hostname or '-'}   source: {inv.source}"]
     packages = {c.package for c in inv.cpus if c.package is not None}
@@ -44,7 +51,7 @@ def inventory_table(inv: Inventory) -> str:
     lines.append("")
     lines.append(f"{'NUMA':<6}{'PKG':<5}{'MEMORY':>12}  CPUS")
     for n in inv.numa_nodes:
-        mem = f"{n.memory_bytes / 2**30:.1f}GiB" if n.memory_bytes else "-"
+        mem = _gib(n.memory_bytes) if n.memory_bytes else "-"
         tag = f"  (memory of GPU {n.gpu_bus_id})" if n.gpu_bus_id else ""
         pkg = "-" if n.package is None else str(n.package)
         lines.append(f"{n.id:<6}{pkg:<5}{mem:>12}  {format_cpulist(n.cpus) or '-'}{tag}")
