@@ -119,9 +119,9 @@ def discover_cpus(
             members = _cpuset(topo, "core_siblings_list", "core_siblings")
             if members is None:
                 members = _cpuset(topo, "package_cpus_list", "package_cpus")
-            group = frozenset(set(members) & online_set | {cid}) if members else None
-            for m in group or (cid,):
-                package_of.setdefault(m, group)
+            package = frozenset(set(members) & online_set | {cid}) if members else None
+            for m in package or (cid,):
+                package_of.setdefault(m, package)
 
         if cid in cache_of:
             cpu.l3 = cache_of[cid]
