@@ -1,38 +1,48 @@
 """A model of the upstream structured allocator (k8s.io/dynamic-resource-allocation
-``structured/internal/stable``), for checking that an emitted claim lands where the scorer
-meant it to — without a cluster.
+``structured/internal/stable``): which devices a ResourceClaim gets on one node, without a
+cluster. The scorer checks its emitted claims with it; the example and scorer tests too.
 
 Rules modelled (resource-api.md §2.5, §4.1, §5):
 
-* pools = slices grouped by (driver, pool name); only the highest generation counts; a pool
-  whose slice count at that generation differs from ``resourceSliceCount`` is incomplete and
-  not allocated from;
-* devices are tried first-fit in pool order, slice order, device order;
-* requests are satisfied in claim order; ``firstAvailable`` sub-requests in their order;
-  ``ExactCount`` takes ``count`` devices, ``All`` every matching device (and fails when one
-  of them is in use);
-* a device must match its DeviceClass's selectors and the request's selectors (CEL); an
-  evaluation error aborts the claim;
-* ``matchAttribute`` constraints: every device of the constraint's requests (all requests
-  when empty) must carry the attribute, with one equal value; ``distinctAttribute``: values
-  pairwise different;
-* a device already allocated (to another claim, or earlier in this one) is never reused;
-* on a dead end, backtrack over earlier choices (depth-first search).
+* pools = slices grouped by ``(driver, pool name)``, only the highest generation counts; a
+  pool whose slice count at that generation (slices of every node counted) differs from
+  ``resourceSliceCount`` is incomplete and not allocated from (a request for ``All``
+  devices then fails); a pool with a duplicate device name is invalid and skipped;
+* requests are satisfied in claim order, ``firstAvailable`` sub-requests in their order;
+  results name ``<request>`` or ``<request>/<sub-request>``;
+* devices are tried first-fit in pool, slice and device order, backtracking over earlier
+  choices on a dead end (depth-first search);
+* a device must match every selector of its DeviceClass, then of the request (CEL, run by
+  :mod:`scorer.cel`); a selector error or a non-bool result aborts the claim;
+* ``ExactCount`` takes ``count`` devices, ``All`` every matching device (at least one;
+  fails when one of them is in use);
+* ``matchAttribute``: every device of the constraint's requests (all when empty; ``req``
+  covers its sub-requests) carries the attribute with one equal value (list values: the
+  intersection stays non-empty); ``distinctAttribute``: values pairwise different (lists:
+  disjoint); a device lacking the attribute is not chosen;
+* a device is used once, never when already allocated, and never when tainted
+  ``NoSchedule`` / ``NoExecute`` without a matching toleration.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-from .cel import device_env, evaluate
+from .cel import CelDevice, CelError, device_env, evaluate
 
-STANDARD = "resource.kubernetes.io"
+DeviceId = tuple[str, str, str]
+"""``(driver, pool, device)``: a device's identity."""
 
 
 class AllocationError(ValueError):
-    pass
+    """The claim cannot be evaluated (CEL error, unknown DeviceClass, bad request): upstream
+    aborts the allocation."""
+
+
+class Unsatisfiable(AllocationError):
+    """The claim is valid but these slices cannot satisfy it."""
 
 
 @dataclass(frozen=True)
@@ -43,171 +53,297 @@ class Result:
     device: str
 
 
-@dataclass
-class _Dev:
+@dataclass(frozen=True)
+class Device:
     driver: str
     pool: str
     name: str
-    raw: dict[str, Any]
-    env: dict[str, Any]
+    cel: CelDevice
+    taints: tuple[Mapping[str, Any], ...] = ()
 
-    def attr(self, qualified: str) -> Any:
-        domain, _, ident = qualified.rpartition("/")
-        return self.env["attributes"].get(domain or self.driver, {}).get(ident, _MISSING)
+    @property
+    def key(self) -> DeviceId:
+        return (self.driver, self.pool, self.name)
 
-
-_MISSING = object()
-
-
-def pool_devices(slices: Iterable[dict[str, Any]], node: str | None = None) -> list[_Dev]:
-    """Usable devices in allocation order (complete pools, newest generation)."""
-    pools: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    for s in slices:
-        spec = s.get("spec") or {}
-        if node is not None and spec.get("nodeName") not in (None, node):
-            continue
-        key = (spec.get("driver", ""), (spec.get("pool") or {}).get("name", ""))
-        pools.setdefault(key, []).append(s)
-    out: list[_Dev] = []
-    for (driver, pool), members in pools.items():
-        gen = max(int(m["spec"]["pool"].get("generation", 0)) for m in members)
-        current = [m for m in members if int(m["spec"]["pool"].get("generation", 0)) == gen]
-        want = int(current[0]["spec"]["pool"].get("resourceSliceCount", 1))
-        if len(current) != want:
-            continue
-        names: set[str] = set()
-        for m in current:
-            for d in m["spec"].get("devices") or []:
-                if d["name"] in names:
-                    raise AllocationError(f"pool {pool}: duplicate device {d['name']}")
-                names.add(d["name"])
-                out.append(_Dev(driver, pool, d["name"], d, device_env(d, driver)))
-    return out
+    @property
+    def attributes(self) -> dict[str, Any]:
+        return self.cel.attributes
 
 
 @dataclass
-class _Slot:
-    request: str
-    """Name as it appears in results (``req`` or ``req/sub``)."""
-    group: str
-    """The top-level request name (constraints refer to it)."""
+class _Alternative:
+    """One way to satisfy a request: ``exactly`` or one ``firstAvailable`` sub-request."""
+
+    result_name: str
+    class_name: str
     selectors: list[str]
-    index: int
-    """Position within the request (ExactCount slots take increasing device indexes)."""
+    mode: str
+    count: int
+    tolerations: list[Mapping[str, Any]] = field(default_factory=list)
 
 
-def _selectors(spec: dict[str, Any], classes: dict[str, dict[str, Any]]) -> list[str]:
-    cls_name = spec.get("deviceClassName")
-    cls = classes.get(cls_name or "")
-    if cls is None:
-        raise AllocationError(f"device class {cls_name!r} not found")
-    out = [s["cel"]["expression"] for s in (cls.get("spec") or {}).get("selectors") or []]
-    out += [s["cel"]["expression"] for s in spec.get("selectors") or []]
-    return out
+@dataclass(frozen=True)
+class _Constraint:
+    refs: tuple[str, ...]
+    attribute: str
+    distinct: bool
+
+
+def _devices(
+    slices: Iterable[Mapping[str, Any]], node: str | None
+) -> tuple[list[Device], list[str]]:
+    """Devices of the usable pools for ``node`` in slice order, and why other pools are not
+    usable (incomplete or invalid)."""
+    by_pool: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
+    for s in slices:
+        spec = s["spec"]
+        by_pool.setdefault((spec["driver"], spec["pool"]["name"]), []).append(s)
+    out: list[Device] = []
+    unusable: list[str] = []
+    for (driver, pool), members in by_pool.items():
+        newest = max(int(m["spec"]["pool"].get("generation", 0)) for m in members)
+        current = [m for m in members if int(m["spec"]["pool"].get("generation", 0)) == newest]
+        mine = [m for m in current if node is None or m["spec"].get("nodeName") in (None, node)]
+        if not mine:
+            continue  # the newest generation has nothing for this node
+        if len(current) != int(current[0]["spec"]["pool"].get("resourceSliceCount", 1)):
+            unusable.append(f"{driver}/{pool} is currently being updated")
+            continue
+        devs = [
+            Device(driver, pool, d["name"], device_env(d, driver), tuple(d.get("taints") or ()))
+            for m in mine
+            for d in m["spec"].get("devices") or []
+        ]
+        if len({d.name for d in devs}) != len(devs):
+            unusable.append(f"{driver}/{pool} is invalid (duplicate device names)")
+            continue
+        out += devs
+    return out, unusable
+
+
+class Allocator:
+    """Allocates claims one at a time from a node's slices; CEL results are cached across
+    calls, so checking several claims against the same slices is cheap."""
+
+    def __init__(
+        self,
+        slices: Iterable[Mapping[str, Any]],
+        device_classes: Iterable[Mapping[str, Any]],
+        node: str | None = None,
+    ) -> None:
+        self.devices, self.unusable_pools = _devices(slices, node)
+        self.classes = {c["metadata"]["name"]: c for c in device_classes}
+        self._matches: dict[tuple[str, DeviceId], bool] = {}
+
+    def _selects(self, expression: str, dev: Device) -> bool:
+        key = (expression, dev.key)
+        hit = self._matches.get(key)
+        if hit is None:
+            try:
+                hit = evaluate(expression, dev.cel)
+            except CelError as exc:
+                raise AllocationError(f"device {'/'.join(dev.key)}: {exc}") from exc
+            self._matches[key] = hit
+        return hit
+
+    def _candidate(self, alt: _Alternative, dev: Device) -> bool:
+        cls = self.classes.get(alt.class_name)
+        if cls is None:
+            raise AllocationError(f"device class {alt.class_name!r} not found")
+        if not _tolerated(dev.taints, alt.tolerations):
+            return False
+        class_sel = [s["cel"]["expression"] for s in (cls.get("spec") or {}).get("selectors") or []]
+        return all(self._selects(e, dev) for e in class_sel) and all(
+            self._selects(e, dev) for e in alt.selectors
+        )
+
+    def allocate(
+        self, claim_spec: Mapping[str, Any], allocated: Iterable[DeviceId] = ()
+    ) -> list[Result] | None:
+        """Results in request order (first-fit, as the scheduler would), or None when the
+        slices cannot satisfy the claim. Raises ``AllocationError`` where upstream aborts."""
+        spec = claim_spec.get("devices") or {}
+        raw_requests = spec.get("requests") or []
+        requests = [_alternatives(r) for r in raw_requests]
+        names = tuple(r["name"] for r in raw_requests)
+        constraints = [_constraint(c, names) for c in spec.get("constraints") or []]
+        in_use = set(allocated)
+        chosen: list[tuple[str, Device]] = []
+
+        def fits(result_name: str, dev: Device) -> bool:
+            for c in constraints:
+                if not _covered(result_name, c.refs):
+                    continue
+                if c.attribute not in dev.attributes:
+                    return False
+                val = dev.attributes[c.attribute]
+                for other_name, other in chosen:
+                    if not _covered(other_name, c.refs):
+                        continue
+                    if c.distinct:
+                        if _overlap(val, other.attributes[c.attribute]):
+                            return False
+                    elif not _equal(val, other.attributes[c.attribute]):
+                        return False
+            return True
+
+        def common_value_left() -> bool:
+            """List-valued matchAttribute: pairwise overlap is not enough, the intersection
+            over all devices must stay non-empty."""
+            for c in constraints:
+                if c.distinct:
+                    continue
+                vals = [d.attributes[c.attribute] for n, d in chosen if _covered(n, c.refs)]
+                if any(isinstance(v, list) for v in vals) and not _intersect(vals):
+                    return False
+            return True
+
+        def take(name: str, dev: Device) -> bool:
+            if not fits(name, dev):
+                return False
+            chosen.append((name, dev))
+            in_use.add(dev.key)
+            if common_value_left():
+                return True
+            drop(1)
+            return False
+
+        def drop(n: int) -> None:
+            for _ in range(n):
+                _, dev = chosen.pop()
+                in_use.discard(dev.key)
+
+        def place(i: int) -> bool:
+            if i == len(requests):
+                return True
+            for alt in requests[i]:
+                if alt.mode == "All":
+                    if self.unusable_pools:
+                        raise AllocationError(
+                            f"request {alt.result_name} asks for all devices, but resource "
+                            f"pool {self.unusable_pools[0]}"
+                        )
+                    matching = [d for d in self.devices if self._candidate(alt, d)]
+                    if not matching or any(d.key in in_use for d in matching):
+                        continue
+                    n = 0
+                    for d in matching:
+                        if not take(alt.result_name, d):
+                            break
+                        n += 1
+                    if n == len(matching) and place(i + 1):
+                        return True
+                    drop(n)
+                    continue
+                if pick(alt, alt.count, 0, i):
+                    return True
+            return False
+
+        def pick(alt: _Alternative, left: int, start: int, i: int) -> bool:
+            if left == 0:
+                return place(i + 1)
+            for j in range(start, len(self.devices)):
+                d = self.devices[j]
+                if d.key in in_use or not self._candidate(alt, d):
+                    continue
+                if not take(alt.result_name, d):
+                    continue
+                if pick(alt, left - 1, j + 1, i):
+                    return True
+                drop(1)
+            return False
+
+        if not place(0):
+            return None
+        return [Result(name, d.driver, d.pool, d.name) for name, d in chosen]
 
 
 def allocate(
-    claim_spec: dict[str, Any],
-    slices: Iterable[dict[str, Any]],
-    classes: Iterable[dict[str, Any]],
-    allocated: Iterable[str] = (),
+    claim_spec: Mapping[str, Any],
+    slices: Iterable[Mapping[str, Any]],
+    classes: Iterable[Mapping[str, Any]],
+    allocated: Iterable[DeviceId] = (),
     node: str | None = None,
 ) -> list[Result]:
-    """Allocate ``claim_spec`` (a ResourceClaimSpec: ``{devices: {requests, constraints}}``)
-    from the node's slices; ``allocated`` holds ``driver/pool/device`` ids already in use.
-    Raises ``AllocationError`` when the claim cannot be satisfied."""
-    devices = pool_devices(slices, node)
-    cls_by_name = {c["metadata"]["name"]: c for c in classes}
-    in_use = set(allocated)
-    spec = claim_spec.get("devices") or {}
-    requests = spec.get("requests") or []
-    constraints = spec.get("constraints") or []
-    # Each top-level request becomes a list of alternatives; each alternative a slot list.
-    alternatives: list[list[list[_Slot]]] = []
-    for r in requests:
-        name = r["name"]
-        subs = (
-            [(f"{name}/{s['name']}", s) for s in r["firstAvailable"]]
-            if r.get("firstAvailable")
-            else [(name, r.get("exactly") or {})]
-        )
-        alts: list[list[_Slot]] = []
-        for rname, sub in subs:
-            sels = _selectors(sub, cls_by_name)
-            mode = sub.get("allocationMode", "ExactCount")
-            if mode == "All":
-                matching = [d for d in devices if _matches(d, sels)]
-                if not matching or any(_id(d) in in_use for d in matching):
-                    continue
-                alts.append([_Slot(rname, name, sels, i) for i in range(len(matching))])
-            elif mode == "ExactCount":
-                count = int(sub.get("count", 1))
-                alts.append([_Slot(rname, name, sels, i) for i in range(count)])
-            else:
-                raise AllocationError(f"request {rname}: unknown allocationMode {mode!r}")
-        alternatives.append(alts)
+    """One-shot :meth:`Allocator.allocate` that raises ``Unsatisfiable`` instead of
+    returning None."""
+    got = Allocator(slices, classes, node).allocate(claim_spec, allocated)
+    if got is None:
+        raise Unsatisfiable("cannot allocate the claim from these slices")
+    return got
 
-    chosen: list[tuple[_Slot, _Dev]] = []
-    used = set(in_use)
-    memo: dict[tuple[int, tuple[str, ...]], bool] = {}
 
-    def matches(idx: int, selectors: list[str]) -> bool:
-        key = (idx, tuple(selectors))
-        hit = memo.get(key)
-        if hit is None:
-            hit = memo[key] = _matches(devices[idx], selectors)
-        return hit
+def _alternatives(request: Mapping[str, Any]) -> list[_Alternative]:
+    name = request["name"]
+    if ("exactly" in request) == ("firstAvailable" in request):
+        raise AllocationError(f"request {name!r} must set exactly one of exactly/firstAvailable")
+    if "exactly" in request:
+        return [_alternative(name, request["exactly"])]
+    return [_alternative(f"{name}/{sub['name']}", sub) for sub in request["firstAvailable"]]
 
-    def fits(slot: _Slot, dev: _Dev) -> bool:
-        for c in constraints:
-            reqs = c.get("requests") or []
-            if reqs and slot.group not in reqs and slot.request not in reqs:
-                continue
-            others = [d for s, d in chosen if not reqs or s.group in reqs or s.request in reqs]
-            if "matchAttribute" in c:
-                val = dev.attr(c["matchAttribute"])
-                if val is _MISSING:
-                    return False
-                if any(o.attr(c["matchAttribute"]) != val for o in others):
-                    return False
-            if "distinctAttribute" in c:
-                val = dev.attr(c["distinctAttribute"])
-                if val is _MISSING or any(o.attr(c["distinctAttribute"]) == val for o in others):
-                    return False
-        return True
 
-    def solve_request(ri: int) -> bool:
-        if ri == len(alternatives):
-            return True
-        for slots in alternatives[ri]:
-            if solve_slots(ri, slots, 0, -1):
-                return True
+def _alternative(result_name: str, spec: Mapping[str, Any]) -> _Alternative:
+    mode = spec.get("allocationMode", "ExactCount")
+    if mode not in ("ExactCount", "All"):
+        raise AllocationError(f"request {result_name}: unknown allocationMode {mode!r}")
+    return _Alternative(
+        result_name=result_name,
+        class_name=spec.get("deviceClassName", ""),
+        selectors=[s["cel"]["expression"] for s in spec.get("selectors") or []],
+        mode=mode,
+        count=int(spec.get("count", 1)),
+        tolerations=list(spec.get("tolerations") or []),
+    )
+
+
+def _constraint(c: Mapping[str, Any], names: tuple[str, ...]) -> _Constraint:
+    refs = tuple(c.get("requests") or names)
+    if ("matchAttribute" in c) == ("distinctAttribute" in c):
+        raise AllocationError("a constraint sets exactly one of matchAttribute/distinctAttribute")
+    if "matchAttribute" in c:
+        return _Constraint(refs, c["matchAttribute"], distinct=False)
+    return _Constraint(refs, c["distinctAttribute"], distinct=True)
+
+
+def _covered(result_name: str, refs: Sequence[str]) -> bool:
+    return result_name in refs or result_name.split("/", 1)[0] in refs
+
+
+def _items(v: Any) -> set[Any]:
+    return {(type(x), x) for x in v} if isinstance(v, list) else {(type(v), v)}
+
+
+def _equal(a: Any, b: Any) -> bool:
+    if isinstance(a, list) or isinstance(b, list):
+        return bool(_items(a) & _items(b))
+    return type(a) is type(b) and a == b
+
+
+def _overlap(a: Any, b: Any) -> bool:
+    return bool(_items(a) & _items(b))
+
+
+def _intersect(values: Sequence[Any]) -> bool:
+    common = _items(values[0])
+    for v in values[1:]:
+        common &= _items(v)
+    return bool(common)
+
+
+def _tolerated(
+    taints: Sequence[Mapping[str, Any]], tolerations: Sequence[Mapping[str, Any]]
+) -> bool:
+    for taint in taints:
+        if taint.get("effect") not in ("NoSchedule", "NoExecute"):
+            continue  # None and unknown effects do not keep a device away
+        if not any(_tolerates(t, taint) for t in tolerations):
+            return False
+    return True
+
+
+def _tolerates(tol: Mapping[str, Any], taint: Mapping[str, Any]) -> bool:
+    if tol.get("effect") and tol["effect"] != taint.get("effect"):
         return False
-
-    def solve_slots(ri: int, slots: list[_Slot], si: int, last: int) -> bool:
-        if si == len(slots):
-            return solve_request(ri + 1)
-        slot = slots[si]
-        for idx in range(last + 1, len(devices)):
-            dev = devices[idx]
-            if _id(dev) in used or not matches(idx, slot.selectors) or not fits(slot, dev):
-                continue
-            used.add(_id(dev))
-            chosen.append((slot, dev))
-            if solve_slots(ri, slots, si + 1, idx):
-                return True
-            chosen.pop()
-            used.discard(_id(dev))
-        return False
-
-    if not solve_request(0):
-        raise AllocationError("cannot allocate all claims")
-    return [Result(s.request, d.driver, d.pool, d.name) for s, d in chosen]
-
-
-def _id(d: _Dev) -> str:
-    return f"{d.driver}/{d.pool}/{d.name}"
-
-
-def _matches(d: _Dev, selectors: list[str]) -> bool:
-    return all(evaluate(expr, d.env) for expr in selectors)
+    if tol.get("operator", "Equal") == "Exists":
+        return not tol.get("key") or tol["key"] == taint.get("key")
+    return tol.get("key") == taint.get("key") and tol.get("value", "") == taint.get("value", "")

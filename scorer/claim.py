@@ -5,9 +5,9 @@ the scorer writes the most general claim that still lands on the chosen devices 
 of equal score): device counts per DeviceClass, GPU↔NIC pairs tied by ``matchAttribute`` on
 ``resource.kubernetes.io/pcieRoot`` (else ``numaNode``), and a ``numaNode`` constraint when
 the whole set shares a NUMA node. When the node's slices are at hand, that claim is run
-through the allocator model (``scorer.allocator``) against the node's occupancy; if first-fit
-would pick a worse set, CEL selectors pin each request to the chosen devices by
-``resource.kubernetes.io/pciBusID`` (CPU groups by ``numaNode`` and ``cpuList``).
+through the allocator model (``scorer.allocator``, CEL by a CEL library) against the node's
+occupancy; if first-fit would pick a worse set, CEL selectors pin each request to the
+chosen devices by ``resource.kubernetes.io/pciBusID`` (CPU groups by ``numaNode`` and ``cpuList``).
 """
 
 from __future__ import annotations
@@ -143,7 +143,7 @@ def verify(
     """Does the allocator model, on ``slices`` with ``occ``'s devices in use, allocate ``p``'s
     devices or a set with the same score? Returns (ok, allocated device names)."""
     occ = occ or Occupancy()
-    in_use = [f"{topo.driver}/{topo.pool}/{d}" for d in occ.used(topo.pool)]
+    in_use = [(topo.driver, topo.pool, d) for d in occ.used(topo.pool)]
     try:
         results = allocate(spec, slices, device_classes(topo.driver), in_use, topo.pool)
     except AllocationError:

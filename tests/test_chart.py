@@ -29,7 +29,7 @@ import pytest
 import yaml
 
 helm = pytest.importorskip("helm_python", reason="helm-python-sdk (test extra) not installed")
-cel = pytest.importorskip("cel", reason="common-expression-language (test extra) not installed")
+cel = pytest.importorskip("cel", reason="common-expression-language (a dependency) not installed")
 
 import kubernetes_validate  # noqa: E402
 from kubernetes_validate.utils import latest_version  # noqa: E402

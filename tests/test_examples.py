@@ -2,8 +2,8 @@
 
 The slices are the ones `toposlice slices --fake <machine>` prints (run as a command), the
 DeviceClasses the ones normalize/deviceclasses.py defines (and the chart installs), and
-the allocation follows the upstream structured-allocation rules (tests/structured_allocator.py,
-CEL evaluated by a CEL library, not by Python code of ours).
+the allocation follows the upstream structured-allocation rules (scorer/allocator.py, CEL
+evaluated by a CEL library through scorer/cel.py, not by Python code of ours).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import yaml
 from kubernetes_validate.utils import latest_version
 
 from normalize.deviceclasses import device_classes
-from tests.structured_allocator import AllocationError, Allocator, Result
+from scorer.allocator import AllocationError, Allocator, Result
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))

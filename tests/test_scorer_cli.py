@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from scorer.allocator import Allocator
 from tests.scorer_support import machine
-from tests.structured_allocator import Allocator
 from toposlice.cli import main
 
 REQ = {"name": "tp2", "gpus": 2, "nicsPerGpu": 1, "cpus": 8, "pattern": "tensor-parallel"}

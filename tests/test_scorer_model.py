@@ -1,5 +1,6 @@
 """Scorer building blocks against independent figures: the busbw model vs the NCCL/RCCL
-numbers in placement-models.md, request validation, the CEL subset and the allocator rules."""
+numbers in placement-models.md, request validation, the DRA CEL environment and the allocator
+rules."""
 
 from __future__ import annotations
 
@@ -145,7 +146,7 @@ def _dev() -> dict[str, Any]:
         ("1 + 2 * 3 == 7 ? true : false", True),
     ],
 )
-def test_cel_subset(expr: str, want: bool) -> None:
+def test_cel_device_environment(expr: str, want: bool) -> None:
     assert evaluate(expr, _dev()) is want
 
 
@@ -216,7 +217,7 @@ def test_first_fit_backtracks_to_satisfy_match_attribute() -> None:
     # g0 is first but no NIC shares its root: backtrack to g1 + n1.
     assert [(r.request, r.device) for r in got] == [("g", "g1"), ("n", "n1")]
     with pytest.raises(AllocationError):
-        allocate(spec, [_slice(DEVICES)], CLASSES, allocated=["d/n/n1"])
+        allocate(spec, [_slice(DEVICES)], CLASSES, allocated=[("d", "n", "n1")])
 
 
 def test_all_mode_first_available_and_incomplete_pools() -> None:
