@@ -163,7 +163,8 @@ def qualify(name: str, driver: str) -> str:
 
 @dataclass
 class CelDevice:
-    """One ResourceSlice device as selectors and constraints see it."""
+    """One ResourceSlice device as selectors and constraints see it. Its CEL contexts are
+    built lazily and, like the library's ``Context``, are not for sharing across threads."""
 
     driver: str
     attributes: dict[str, Any]

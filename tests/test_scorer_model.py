@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from scorer.allocator import AllocationError, allocate
+from scorer.allocator import AllocationError, Unsatisfiable, allocate
 from scorer.bandwidth import busbw_gbps
 from scorer.cel import CelError, device_env, evaluate
 from scorer.request import occupancy_from_dict, parse_quantity, request_from_dict
@@ -112,7 +112,7 @@ def test_occupancy_from_resource_claims() -> None:
         occupancy_from_dict({"allocated": {"n1": "gpu-a"}})
 
 
-# ---------------------------------------------------------------- CEL subset
+# ---------------------------------------------------------------- DRA CEL environment
 
 
 def _dev() -> dict[str, Any]:
@@ -246,3 +246,61 @@ def test_all_mode_first_available_and_incomplete_pools() -> None:
             [_slice(DEVICES)],
             CLASSES,
         )
+
+
+def _req(name: str, cls: str, count: int = 1, **extra: Any) -> dict[str, Any]:
+    return {"name": name, "exactly": {"deviceClassName": cls, "count": count, **extra}}
+
+
+def test_tainted_devices_need_a_toleration() -> None:
+    sl = _slice(DEVICES)
+    sl["spec"]["devices"][0]["taints"] = [{"key": "broken", "effect": "NoSchedule"}]
+    sl["spec"]["devices"][1]["taints"] = [{"key": "note", "effect": "None"}]
+    spec = {"devices": {"requests": [_req("g", "gpu")]}}
+    # g0 is kept away; an effect of None does not keep g1 away.
+    assert [r.device for r in allocate(spec, [sl], CLASSES)] == ["g1"]
+    two = {"devices": {"requests": [_req("g", "gpu", 2)]}}
+    with pytest.raises(Unsatisfiable):
+        allocate(two, [sl], CLASSES)
+    tolerant = _req("g", "gpu", 2, tolerations=[{"key": "broken", "operator": "Exists"}])
+    got = allocate({"devices": {"requests": [tolerant]}}, [sl], CLASSES)
+    assert [r.device for r in got] == ["g0", "g1"]
+
+
+def test_distinct_and_list_valued_match_attribute() -> None:
+    sl = _slice([("g0", "gpu", "r0"), ("g1", "gpu", "r0"), ("g2", "gpu", "r1")])
+    distinct = {
+        "devices": {
+            "requests": [_req("g", "gpu", 2)],
+            "constraints": [{"distinctAttribute": "resource.kubernetes.io/pcieRoot"}],
+        }
+    }
+    assert [r.device for r in allocate(distinct, [sl], CLASSES)] == ["g0", "g2"]
+    # List attributes match when all lists share a value: {a,b} {b,c} {a,c} pairwise
+    # overlap but have nothing in common, so the third device must be skipped.
+    for dev, vals in zip(sl["spec"]["devices"], (["a", "b"], ["b", "c"], ["a", "c"]), strict=True):
+        dev["attributes"]["links"] = {"strings": vals}
+    sl["spec"]["devices"].append(
+        {"name": "g3", "attributes": {"type": {"string": "gpu"}, "links": {"strings": ["b"]}}}
+    )
+    match = {
+        "devices": {
+            "requests": [_req("g", "gpu", 3)],
+            "constraints": [{"matchAttribute": "d/links"}],
+        }
+    }
+    assert [r.device for r in allocate(match, [sl], CLASSES)] == ["g0", "g1", "g3"]
+
+
+def test_all_mode_refuses_while_a_pool_is_updating_and_cel_errors_abort() -> None:
+    other = _slice([("x0", "gpu", "r9")], gen=2, count=2)
+    other["spec"]["pool"]["name"] = "other"
+    spec = {"devices": {"requests": [_req("g", "gpu", allocationMode="All")]}}
+    del spec["devices"]["requests"][0]["exactly"]["count"]
+    assert len(allocate(spec, [_slice(DEVICES)], CLASSES)) == 2
+    with pytest.raises(AllocationError, match="being updated"):
+        allocate(spec, [_slice(DEVICES), other], CLASSES)
+    # compareTo is for quantities and versions; on strings upstream has no overload.
+    bad = _req("g", "gpu", selectors=[{"cel": {"expression": 'device.driver.compareTo("d") == 0'}}])
+    with pytest.raises(AllocationError, match="compareTo"):
+        allocate({"devices": {"requests": [bad]}}, [_slice(DEVICES)], CLASSES)
