@@ -10,9 +10,9 @@ import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from discovery.discover import discover
 from driver.interfaces import DeviceHealth, DriverStatus
 from normalize.snapshot import Snapshot, build_snapshot
+from toposlice.discover import discover
 
 
 @functools.cache

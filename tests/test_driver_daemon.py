@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 
-from discovery.discover import discover
 from discovery.model import Inventory
 from driver.config import DaemonConfig
 from driver.daemon import Daemon, StartupError
@@ -20,6 +19,7 @@ from driver.health import HealthEvent, xid_event
 from normalize.options import NormalizeOptions
 from tests.kubeapi import KubeAPIServer
 from tests.kubelet import NodeClient, allocated_claim, register, wait_for
+from toposlice.discover import discover
 
 DRIVER = "toposlice.dev"
 NODE = "n1"

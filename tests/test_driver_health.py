@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 
-from discovery.discover import discover
 from discovery.model import Inventory
 from driver.health import HealthEvent, HealthMonitor, sysfs_link_reader, xid_event
 from driver.hotplug import Debouncer
@@ -20,6 +19,7 @@ from driver.nvml_events import NvmlXidSource
 from driver.publisher import SlicePublisher
 from normalize.snapshot import Snapshot, build_snapshot
 from tests.kubeapi import KubeAPIServer
+from toposlice.discover import discover
 
 DRIVER = "toposlice.dev"
 NODE = "n1"

@@ -13,13 +13,13 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from discovery.discover import discover
 from driver.kube import build_api_client
 from driver.publisher import PublishError, SlicePublisher
 from normalize.snapshot import build_snapshot
 from normalize.validation import validate_pool
 from tests.kubeapi import KubeAPIServer
 from tests.kubelet import wait_for
+from toposlice.discover import discover
 
 DRIVER = "toposlice.dev"
 NODE = "n1"

@@ -30,9 +30,7 @@ FORBIDDEN: dict[str, set[str]] = {
 PLUGIN_SHARED = {"plugins", "plugins.base"}
 
 #: (file, imported module) pairs allowed for now, with the reason.
-KNOWN: dict[tuple[str, str], str] = {
-    ("discovery/discover.py", "toposlice.discover"): "forwarding shim for callers not yet moved",
-}
+KNOWN: dict[tuple[str, str], str] = {}
 
 
 def imports_of(path: Path) -> list[tuple[int, str]]:
