@@ -223,10 +223,10 @@ def prepare_latency(
 
 
 def publishers_writes(tmp: Path, nodes: int, workers: int) -> dict[str, Any]:
-    from discovery.discover import discover
     from driver.kube import build_api_client
     from driver.publisher import SlicePublisher
     from normalize.snapshot import build_snapshot
+    from toposlice.discover import discover
 
     api = ApiProcess(tmp, "--nodes", str(nodes))
     try:
