@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
@@ -43,6 +43,16 @@ class PreparedDevice:
     admin_access: bool = False
     """Admin access and shares may overlap other claims on one device."""
 
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "request_names": list(self.request_names),
+            "pool": self.pool,
+            "device": self.device,
+            "cdi_ids": list(self.cdi_ids),
+            "share_id": self.share_id,
+            "admin_access": self.admin_access,
+        }
+
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> PreparedDevice:
         return cls(
@@ -67,9 +77,21 @@ class ClaimRecord:
 
     @cached_property
     def as_dict(self) -> dict[str, Any]:
-        """JSON form; computed once per record (records are immutable and the whole
-        checkpoint is rewritten on every state change)."""
-        return asdict(self)
+        """JSON form (written by hand: ``dataclasses.asdict`` was a tenth of a prepare)."""
+        return {
+            "uid": self.uid,
+            "namespace": self.namespace,
+            "name": self.name,
+            "state": self.state,
+            "devices": [d.to_dict() for d in self.devices],
+            "files": list(self.files),
+        }
+
+    @cached_property
+    def canonical(self) -> str:
+        """Canonical JSON of :attr:`as_dict`, computed once per record: the whole
+        checkpoint is written on every change, but only changed records are serialized."""
+        return _canonical(self.as_dict)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ClaimRecord:
@@ -135,11 +157,12 @@ def load_checkpoint(path: Path, boot_id: str) -> tuple[dict[str, ClaimRecord], L
 def save_checkpoint(
     path: Path, boot_id: str, claims: dict[str, ClaimRecord], *, sync: bool = True
 ) -> None:
-    data = {
-        "version": CHECKPOINT_VERSION,
-        "bootId": boot_id,
-        "claims": {uid: rec.as_dict for uid, rec in claims.items()},
-    }
-    text = _canonical(data)  # serialized once: the checksum covers exactly these bytes
+    # Exactly _canonical({"version": ..., "bootId": ..., "claims": {...}}) (keys sorted,
+    # no spaces), put together from each record's cached text; the checksum covers these
+    # bytes and load_checkpoint recomputes it from the parsed data.
+    records = ",".join(f"{json.dumps(uid)}:{claims[uid].canonical}" for uid in sorted(claims))
+    text = (
+        f'{{"bootId":{json.dumps(boot_id)},"claims":{{{records}}},"version":{CHECKPOINT_VERSION}}}'
+    )
     doc = f'{{"checksum":"{_checksum(text)}","data":{text}}}\n'
     write_atomic(path, doc.encode(), mode=0o600, sync=sync)

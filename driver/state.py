@@ -5,11 +5,16 @@ the allocation results of this driver in this node's pool, look the devices up i
 current :class:`~normalize.snapshot.Snapshot`, write the claim's NCCL topology file and
 its CDI spec, and record it in the checkpoint.
 
-Crash safety comes from the order of writes: the checkpoint records the intent
-(``PrepareStarted``, with every file the claim will own) before any file is written and
-the commit after all of them; unprepare removes the files before the record. Whatever a
-kill -9 interrupts, the next call for that claim redoes (same file names, same CDI ids)
-or undoes it, and a restart removes files no record owns.
+Crash safety comes from the order of writes, with one checkpoint write per prepare: the
+claim is reserved in memory (``PrepareStarted``, with every file it will own: two claims
+racing for one device cannot both win), its files are written under names that carry
+the claim UID, and only then is the checkpoint written, recording it
+``PrepareCompleted``. Unprepare removes the files before the record. Whatever a kill -9
+interrupts, the files of a claim with no completed record are orphans: a restart
+removes every spec and topology file no record owns, and the kubelet's retry prepares
+the claim again (same file names, same CDI ids). A ``PrepareStarted`` record reaches the
+disk only when another claim's commit writes the checkpoint meanwhile; the next call for
+it redoes or undoes it.
 
 Every problem with one claim is that claim's error string; nothing here raises to the
 gRPC layer. Calls for different claims run concurrently (one lock per claim); the
@@ -101,6 +106,7 @@ class DriverState:
         *,
         fail_point: FailPoint = _no_fail,
         sync: bool | None = None,
+        sync_checkpoint: bool = True,
     ) -> None:
         self.driver = driver_name
         self.pool = node_name
@@ -121,6 +127,7 @@ class DriverState:
         reboot, a reboot discards the checkpoint and every file it owns, and against a
         killed process the atomic rename alone is enough. Without a boot id the state
         may outlive a reboot, so then every write is made durable."""
+        self.sync_checkpoint = sync_checkpoint
         self._lock = threading.Lock()
         """Guards ``_claims`` and ``_version`` (held briefly, never across I/O)."""
         self._flush_lock = threading.Lock()
@@ -130,6 +137,7 @@ class DriverState:
         claims, status = load_checkpoint(self.checkpoint_path, self.boot_id)
         self.load_status: LoadStatus = status
         self._claims: dict[str, ClaimRecord] = claims
+        self._lookup: tuple[Snapshot | None, dict[str, Any], dict[str, str]] = (None, {}, {})
         self._reconcile()
 
     # -- public API -------------------------------------------------------------------
@@ -218,7 +226,7 @@ class DriverState:
                     devices=plan.devices,
                     files=tuple(files),
                 )
-                self._put(intent, exclusive=True)
+                self._reserve(intent)
             except ClaimError:
                 if rec is not None:  # a crash left a half-prepared claim: leave nothing
                     self._undo(rec)
@@ -268,8 +276,7 @@ class DriverState:
         snap = self.snapshot_fn()
         if snap is None:
             raise ClaimError("no device inventory yet (discovery has not finished)")
-        by_name = {d["name"]: d for d in snap.devices}
-        vertex_of = {name: vid for vid, name in snap.vertex_devices.items()}
+        by_name, vertex_of = self._lookups(snap)
         claim_devices = ClaimDevices()
         seen: set[str] = set()
         prepared: list[PreparedDevice] = []
@@ -312,6 +319,15 @@ class DriverState:
         except ValueError as exc:
             raise ClaimError(str(exc)) from None
         return _Plan(devices=tuple(prepared), spec=spec, topo_xml=topo_xml)
+
+    def _lookups(self, snap: Snapshot) -> tuple[dict[str, Any], dict[str, str]]:
+        """Device name -> device and -> vertex id, built once per snapshot."""
+        cached, by_name, vertex_of = self._lookup
+        if cached is not snap:
+            by_name = {d["name"]: d for d in snap.devices}
+            vertex_of = {name: vid for vid, name in snap.vertex_devices.items()}
+            self._lookup = (snap, by_name, vertex_of)
+        return by_name, vertex_of
 
     def _device_edits(
         self,
@@ -378,12 +394,19 @@ class DriverState:
 
     # -- checkpoint -------------------------------------------------------------------
 
-    def _put(self, rec: ClaimRecord, *, exclusive: bool = False) -> None:
-        """Record ``rec`` and return once it is on disk (``exclusive``: refuse devices
-        another claim holds)."""
+    def _reserve(self, rec: ClaimRecord) -> None:
+        """Record ``rec`` in memory only, refusing devices another claim holds. It reaches
+        the disk with the next checkpoint write (normally this claim's own commit)."""
         with self._lock:
-            if exclusive:
-                self._check_overlap(rec.uid, rec.devices)
+            self._check_overlap(rec.uid, rec.devices)
+            claims = dict(self._claims)
+            claims[rec.uid] = rec
+            self._claims = claims
+            self._version += 1
+
+    def _put(self, rec: ClaimRecord) -> None:
+        """Record ``rec`` and return once it is on disk."""
+        with self._lock:
             claims = dict(self._claims)
             claims[rec.uid] = rec
             self._claims = claims
@@ -411,7 +434,9 @@ class DriverState:
                 return
             with self._lock:
                 claims, newest = self._claims, self._version
-            save_checkpoint(self.checkpoint_path, self.boot_id, claims, sync=self.sync)
+            save_checkpoint(
+                self.checkpoint_path, self.boot_id, claims, sync=self.sync or self.sync_checkpoint
+            )
             self._durable = newest
 
     def _reconcile(self) -> None:
@@ -425,7 +450,12 @@ class DriverState:
                 if entry.startswith(temp_prefix) and entry.endswith(TEMP_SUFFIX):
                     remove_quiet(directory / entry)
         if self.load_status == "corrupt":
-            save_checkpoint(self.checkpoint_path, self.boot_id, self._claims, sync=self.sync)
+            save_checkpoint(
+                self.checkpoint_path,
+                self.boot_id,
+                self._claims,
+                sync=self.sync or self.sync_checkpoint,
+            )
             return
         owned = {f for rec in self._claims.values() for f in rec.files}
         owned |= {str(p) for uid in self._claims for p in self._owned_paths(uid)}
@@ -440,7 +470,12 @@ class DriverState:
             if entry.endswith(".xml") and str(path) not in owned:
                 remove_quiet(path)
         if self.load_status != "ok":
-            save_checkpoint(self.checkpoint_path, self.boot_id, self._claims, sync=self.sync)
+            save_checkpoint(
+                self.checkpoint_path,
+                self.boot_id,
+                self._claims,
+                sync=self.sync or self.sync_checkpoint,
+            )
 
 
 def _label(ref: ClaimRef) -> str:

@@ -300,6 +300,45 @@ def test_crash_during_prepare_is_repaired_by_the_next_call(
 
     with pytest.raises(SimulatedCrash):
         make_state(tmp_path, reader, fail_point=crash_at(step)).prepare([ref(c)])
+    # The checkpoint is written once per prepare, at the commit: the crash left no record
+    # of u-1, only files named after its UID, which the restart removes as orphans.
+    assert "u-1" not in load_checkpoint(tmp_path / "state/checkpoint.json", "boot-1")[0]
+    restarted = make_state(tmp_path, reader)
+    assert disk(restarted) == {"cdi": [], "topo": []}
+    again = restarted.prepare([ref(c)])["u-1"]
+    assert again.error == ""
+    assert [d.cdi_ids for d in again.devices] == [d.cdi_ids for d in expected.devices]
+    assert disk(restarted) == {"cdi": [restarted.spec_path("u-1").name], "topo": ["u-1.xml"]}
+    assert restarted.claims()["u-1"].state == "PrepareCompleted"
+
+
+@pytest.mark.parametrize("step", ["intent", "topology", "spec"])
+def test_crash_with_an_intent_on_disk_is_repaired_by_the_next_call(
+    tmp_path: Path, reader: FakeClaims, step: str
+) -> None:
+    """Another claim's commit writes the checkpoint while u-1 is half-way: u-1 reaches the
+    disk as ``PrepareStarted``; after the crash its files are kept and completed."""
+    c = reader.add(claim("u-1", gpus(2) + nics(1)))
+    expected = make_state(tmp_path / "ref", reader).prepare([ref(c)])["u-1"]
+    holder: list[DriverState] = []
+
+    def other_commits_then_crash(at: str) -> None:
+        if at != step or len(holder) > 1:
+            return  # the other claim's own steps pass
+        holder.append(holder[0])
+        state = holder[0]
+        other = next(
+            f"u-{i}"
+            for i in range(2, 200)
+            if state._claim_lock(f"u-{i}") is not state._claim_lock("u-1")
+        )
+        o = reader.add(claim(other, gpus(4)[3:]))
+        assert state.prepare([ref(o)])[other].error == ""
+        raise SimulatedCrash(at)
+
+    holder.append(make_state(tmp_path, reader, fail_point=other_commits_then_crash))
+    with pytest.raises(SimulatedCrash):
+        holder[0].prepare([ref(c)])
     assert load_checkpoint(tmp_path / "state/checkpoint.json", "boot-1")[0]["u-1"].state == (
         "PrepareStarted"
     )
@@ -307,7 +346,8 @@ def test_crash_during_prepare_is_repaired_by_the_next_call(
     again = restarted.prepare([ref(c)])["u-1"]
     assert again.error == ""
     assert [d.cdi_ids for d in again.devices] == [d.cdi_ids for d in expected.devices]
-    assert disk(restarted) == {"cdi": [restarted.spec_path("u-1").name], "topo": ["u-1.xml"]}
+    assert restarted.spec_path("u-1").name in disk(restarted)["cdi"]
+    assert "u-1.xml" in disk(restarted)["topo"]
     assert restarted.claims()["u-1"].state == "PrepareCompleted"
 
 
@@ -467,18 +507,30 @@ def test_min_cdi_version() -> None:
         cdi.check_kind("9vendor/claim")
 
 
-def test_writes_are_fsynced_only_when_state_can_outlive_a_reboot(
+def test_only_the_checkpoint_is_fsynced_unless_state_can_outlive_a_reboot(
     tmp_path: Path, reader: FakeClaims, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    synced: list[int] = []
+    synced: list[str] = []
     real = os.fsync
-    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real(fd))[1])
+
+    def fsync(fd: int) -> None:
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
     c = reader.add(claim("u-1", gpus(1)))
     state = make_state(tmp_path / "a", reader)
     assert state.sync is False
+    synced.clear()
     state.prepare([ref(c)])
-    assert synced == []
+    # One checkpoint write per prepare, made durable (file and directory); the spec and
+    # topology files are not fsynced: a reboot discards them with the checkpoint.
+    state_dir = str(state.state_dir)
+    assert sorted(synced) == sorted(
+        [state_dir, next(p for p in synced if Path(p).name.startswith(".checkpoint.json."))]
+    )
     unknown_boot = make_state(tmp_path / "b", reader, boot_id=None)
     assert unknown_boot.sync is True
+    synced.clear()
     unknown_boot.prepare([ref(c)])
-    assert len(synced) >= 4  # intent, topology, spec, commit (and their directories)
+    assert len(synced) >= 4  # topology, spec, checkpoint (and their directories)
