@@ -119,9 +119,18 @@ class Daemon:
         event_sources: Sequence[EventSource] = (),
         link_reader: Callable[[str], LinkState | None] | None = None,
         api_client: ApiClient | None = None,
+        snapshotter: Callable[[], Snapshot] | None = None,
+        dot: Callable[[dict[str, Any]], str] | None = None,
     ) -> None:
         self.cfg = cfg
         self.discover = discover
+        self.snapshotter = snapshotter
+        """Rediscovery elsewhere (the CLI passes a niced helper process, so a discovery
+        does not hold the GIL the gRPC and HTTP threads need); the first discovery stays
+        in-process: registration waits for it and a helper would start first."""
+        self.dot = dot
+        """The ``?format=dot`` renderer for the exporter (the CLI passes
+        ``toposlice.render.graph_to_dot``; driver/ cannot import it)."""
         self.event_sources = list(event_sources)
         if link_reader is None and cfg.live:
             link_reader = sysfs_link_reader(cfg.root)
@@ -181,10 +190,12 @@ class Daemon:
     # -- start ---------------------------------------------------------------------------
 
     def _discover_snapshot(self) -> Snapshot:
-        inv = self.discover()
-        for warning in inv.warnings:
+        if self.snapshotter is not None and self._snap is not None:
+            snap = self.snapshotter()
+        else:
+            snap = build_snapshot(self.discover(), self.cfg.node_name, self.cfg.normalize)
+        for warning in snap.inventory.warnings:
             log.warning("discovery: %s", warning)
-        snap = build_snapshot(inv, self.cfg.node_name, self.cfg.normalize)
         return published_snapshot(snap, self.cfg.publish)
 
     def _connect(self) -> ApiClient:
@@ -207,7 +218,6 @@ class Daemon:
 
     def start(self) -> None:
         from .dra_server import start_dra_server
-        from .publisher import SlicePublisher
         from .registration import start_registration
         from .state import DriverState
 
@@ -251,6 +261,7 @@ class Daemon:
             self.stop(grace=1.0)
             raise
         self.claim_reader.connect(self.client)
+        from .publisher import SlicePublisher  # after registration: not on the kubelet's path
 
         self.publisher = SlicePublisher(
             self.client,
@@ -281,7 +292,7 @@ class Daemon:
         from .http_server import HttpServer
 
         try:
-            self.http = HttpServer(addr, self, self.metrics).start()
+            self.http = HttpServer(addr, self, self.metrics, dot=self.dot).start()
         except OSError as exc:
             self.stop()
             raise StartupError(f"--http-addr {addr}: {exc}") from exc

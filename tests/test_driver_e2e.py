@@ -154,6 +154,9 @@ def test_runs_as_the_kubelet_sees_it(api: KubeAPIServer, driver: Driver) -> None
     assert driver.http("/healthz")[0] == 200
     metrics = driver.http("/metrics")[1].decode()
     assert 'resourceslice_writes_total{operation="create"} 1.0' in metrics
+    status, dot = driver.http("/v1/topology?format=dot")  # the CLI hands in the renderer
+    assert status == 200 and dot.startswith(b"digraph"), (status, dot[:200])
+    assert b"GPU0" in dot
 
     # Steady state: no writes while resyncs (every 0.5 s) run.
     api.reset_counters()
@@ -272,3 +275,47 @@ def test_unreachable_api_server_or_missing_node(api: KubeAPIServer, driver: Driv
     error_lines = [ln for ln in err.splitlines() if ln.startswith("toposlice: error:")]
     assert len(error_lines) == 1
     assert not driver.reg_socket.exists()
+
+
+def test_rediscovery_runs_in_a_helper_process(api: KubeAPIServer, driver: Driver) -> None:
+    """Rediscovery is the niced helper's work (shared with ``toposlice serve``), not a GIL
+    holder in the process serving the kubelet and HTTP; its snapshots still arrive."""
+    driver.start("--rediscover-interval", "0.3")
+    driver.started()
+    assert driver.wait_http("/readyz", 200)
+    assert driver.proc is not None
+    pid = driver.proc.pid
+
+    def helpers() -> list[int]:
+        try:
+            return _niced_helpers(pid)
+        except OSError:  # a thread or child ended while being read
+            return []
+
+    def _niced_helpers(pid: int) -> list[int]:
+        kids = [  # each thread lists the children it started
+            k
+            for t in Path(f"/proc/{pid}/task").iterdir()
+            for k in (t / "children").read_text().split()
+        ]
+        return [
+            int(k)
+            for k in kids
+            if b"multiprocessing" in Path(f"/proc/{k}/cmdline").read_bytes()
+            and os.getpriority(os.PRIO_PROCESS, int(k)) > os.getpriority(os.PRIO_PROCESS, pid)
+        ]
+
+    assert wait_for(lambda: len(helpers()) == 1, 20)
+
+    def discoveries() -> float:
+        for line in driver.http("/metrics")[1].decode().splitlines():
+            if line.startswith("toposlice_discovery_duration_seconds_count"):
+                return float(line.split()[-1])
+        return 0.0
+
+    seen = discoveries()
+    assert wait_for(lambda: discoveries() >= seen + 2, 20)
+    assert driver.http("/readyz")[0] == 200
+    helper = helpers()[0]
+    assert driver.stop() == 0
+    assert wait_for(lambda: not Path(f"/proc/{helper}").exists(), 10)  # closed with it

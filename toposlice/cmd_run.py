@@ -17,10 +17,6 @@ from toposlice.sources import add_normalize_args, add_source_args, host_root, in
 
 log = logging.getLogger("toposlice.run")
 
-#: Python switches threads every 5 ms by default; a gRPC call that arrives while another
-#: thread (rediscovery) runs would wait that long. 1 ms keeps prepare latency low.
-SWITCH_INTERVAL = 0.001
-
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from driver.config import add_driver_args
@@ -58,11 +54,16 @@ def run(args: argparse.Namespace) -> int:
         print(f"toposlice: error: {exc}", file=sys.stderr)
         return 2
     setup_logging(cfg.log_format, cfg.log_level)
-    sys.setswitchinterval(SWITCH_INTERVAL)
+    from toposlice.discovery_worker import SWITCH_INTERVAL
+
+    sys.setswitchinterval(SWITCH_INTERVAL)  # see toposlice/discovery_worker.py
 
     from driver.daemon import Daemon, StartupError
+    from toposlice.discovery_worker import DiscoveryWorker
+    from toposlice.render import graph_to_dot
 
-    daemon = Daemon(cfg, inventory_loader(args))
+    worker = DiscoveryWorker(args, cfg.node_name)
+    daemon = Daemon(cfg, inventory_loader(args), snapshotter=worker.snapshot, dot=graph_to_dot)
 
     def on_signal(signum: int, _frame: Any) -> None:
         log.info("signal %d: stopping", signum)
@@ -71,14 +72,17 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     try:
-        daemon.start()
-    except StartupError as exc:
-        print(f"toposlice: error: {exc}", file=sys.stderr)
-        daemon.stop(grace=0)
-        return 1
-    if live:
-        _nvml_sources(daemon)
-    while not daemon.wait(1.0):
-        pass
-    daemon.stop()
+        try:
+            daemon.start()
+        except StartupError as exc:
+            print(f"toposlice: error: {exc}", file=sys.stderr)
+            daemon.stop(grace=0)
+            return 1
+        if live:
+            _nvml_sources(daemon)
+        while not daemon.wait(1.0):
+            pass
+        daemon.stop()
+    finally:
+        worker.close()
     return 0

@@ -6,12 +6,9 @@ also reads the other drivers' ResourceSlices of the node and serves the cross-dr
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
 import logging
-import os
 import signal
-import socket
 import sys
 import threading
 import time
@@ -26,10 +23,6 @@ from toposlice.sources import (
 )
 
 log = logging.getLogger("toposlice.serve")
-
-#: Python switches threads every 5 ms by default; the HTTP thread then waits that long behind
-#: a discovery. 1 ms keeps the exporter's p99 within target (docs/exporter.md).
-SWITCH_INTERVAL = 0.001
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -105,10 +98,13 @@ class ServeView:
 def run(args: argparse.Namespace) -> int:
     from driver.http_server import HttpServer
     from driver.metrics import DriverMetrics
+    from toposlice.discovery_worker import DiscoveryWorker, discover_snapshot
     from toposlice.render import graph_to_dot
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    sys.setswitchinterval(SWITCH_INTERVAL)
+    from toposlice.discovery_worker import SWITCH_INTERVAL
+
+    sys.setswitchinterval(SWITCH_INTERVAL)  # see toposlice/discovery_worker.py
     loader = inventory_loader(args)
     opts = normalize_options(args)
     gc.freeze()  # start-up objects: out of the collector's way for good
@@ -131,20 +127,13 @@ def run(args: argparse.Namespace) -> int:
     if args.observe or args.slices:
         observer = _observer(args, view, server, opts.driver)
 
-    pool = None
-    if not args.discover_in_process:
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
-
-        pool = ProcessPoolExecutor(
-            1, mp_context=multiprocessing.get_context("spawn"), initializer=_background
-        )
+    worker = None if args.discover_in_process else DiscoveryWorker(args)
 
     def discover_once() -> bool:
         start = time.perf_counter()
         try:
-            if pool is not None:
-                snap = pool.submit(discover_snapshot, args).result()
+            if worker is not None:
+                snap = worker.snapshot()
             else:
                 snap = discover_snapshot(args, loader)
             inv = snap.inventory
@@ -176,32 +165,9 @@ def run(args: argparse.Namespace) -> int:
         if observer is not None:
             observer.stop()
         server.stop()
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+        if worker is not None:
+            worker.close()
     return 0
-
-
-def _background() -> None:
-    """The discovery helper yields the CPU to the server (and to the workloads), and dies
-    with its parent, even one killed with SIGKILL (Linux ``PR_SET_PDEATHSIG``)."""
-    with contextlib.suppress(OSError):
-        os.nice(10)
-    with contextlib.suppress(Exception):
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        if os.getppid() == 1:  # the parent died before prctl took effect
-            os._exit(0)
-
-
-def discover_snapshot(args: argparse.Namespace, loader: Any = None) -> Any:
-    """One discovery and its snapshot (runs in the helper process unless in-process)."""
-    from normalize.snapshot import build_snapshot
-
-    inv = (loader or inventory_loader(args))()
-    node = args.node_name or inv.hostname or socket.gethostname()
-    return build_snapshot(inv, node, normalize_options(args))
 
 
 def _observer(args: argparse.Namespace, view: ServeView, server: Any, own_driver: str) -> Any:
