@@ -6,10 +6,12 @@ update, so what was prepared lives on disk, not in memory. The layout follows th
 driver's: one JSON file, written atomically, with a checksum of its content and the
 Linux boot id (a reboot discards it: no container of that boot exists any more).
 
-Each claim moves ``PrepareStarted`` (intent, written before any file, naming every file
-the claim will own) -> ``PrepareCompleted``; unprepare removes the files, then drops the
-entry (a completed entry whose files are gone is prepared again by the next prepare).
-After kill -9 at any point the next call finds an entry that says what to redo or undo.
+Each claim moves ``PrepareStarted`` (reserved, naming every file the claim will own; on
+disk only when another claim's write happens meanwhile) -> ``PrepareCompleted`` (written
+once its files are); unprepare removes the files, then drops the entry (a completed
+entry whose files are gone is prepared again by the next prepare). After kill -9 at any
+point the next call finds an entry that says what to redo or undo, or no entry and only
+orphan files named after the claim UID, which the next start removes.
 """
 
 from __future__ import annotations
