@@ -1,5 +1,6 @@
 """Shared pieces of the exporter tests: a settable ExporterView, cached snapshots of the
-fake machines, and a raw HTTP/1.1 client (http.client hides what hostile-client tests need)."""
+fake machines, the planted foreign slices served by a test API server, and a raw HTTP/1.1
+client (http.client hides what hostile-client tests need)."""
 
 from __future__ import annotations
 
@@ -7,12 +8,32 @@ import functools
 import socket
 import time
 import weakref
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from driver.interfaces import DeviceHealth, DriverStatus
+from driver.observe import load_slice_files
 from normalize.snapshot import Snapshot, build_snapshot
+from tests.kubeapi import KubeAPIServer
 from toposlice.discover import discover
+
+#: Slices shaped like other drivers' (NVIDIA GPU driver, dranet, dra-driver-cpu) for the
+#: dgx-h100 node, with planted defects (see the folder's README).
+FOREIGN_SLICE_FILES = sorted(
+    str(p) for p in (Path(__file__).parent / "data" / "foreign-slices").glob("*.yaml")
+)
+
+
+@contextmanager
+def foreign_api() -> Iterator[KubeAPIServer]:
+    """A test API server holding node ``dgx-h100`` and the foreign slices."""
+    with KubeAPIServer() as server:
+        server.add_node("dgx-h100")
+        for s in load_slice_files(FOREIGN_SLICE_FILES):
+            server.store.create("resourceslices", "", s)
+        yield server
 
 
 @functools.cache

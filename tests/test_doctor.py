@@ -14,12 +14,11 @@ from driver.observe import load_slice_files, registered_drivers
 from normalize.crossdriver import normalization_report, registered_driver
 from normalize.options import NormalizeOptions
 from normalize.slices import build_slices
-from tests.exporter_view import snapshot_of
+from tests.exporter_view import FOREIGN_SLICE_FILES, foreign_api, snapshot_of
 from tests.kubeapi import KubeAPIServer
 from toposlice.cli import main
 
-DATA = Path(__file__).parent / "data" / "foreign-slices"
-FILES = sorted(str(p) for p in DATA.glob("*.yaml"))
+FILES = FOREIGN_SLICE_FILES
 ON_NODE = "gpu.nvidia.com,dra.net,dra.cpu"
 PCIE = "resource.kubernetes.io/pcieRoot"
 BUS = "resource.kubernetes.io/pciBusID"
@@ -133,7 +132,7 @@ def test_doctor_is_quiet_on_clean_slices(
     rc, report = run_doctor(capsys, "--slices", str(listed), "--numa-list")
     assert report["findings"] == [] and rc == 0
     # Only the NVIDIA slice: warnings and errors; --fail-on error still fails on errors.
-    nvidia = str(DATA / "nvidia-gpu.yaml")
+    nvidia = next(f for f in FILES if f.endswith("/nvidia-gpu.yaml"))
     rc, report = run_doctor(capsys, "--slices", nvidia, "--fail-on", "error")
     assert rc == 1 and report["summary"]["errors"] == 3
 
@@ -145,10 +144,7 @@ def test_doctor_needs_a_source(capsys: pytest.CaptureFixture[str]) -> None:
 
 @pytest.fixture
 def api() -> Iterator[KubeAPIServer]:
-    with KubeAPIServer() as server:
-        server.add_node("dgx-h100")
-        for s in load_slice_files(FILES):
-            server.store.create("resourceslices", "", s)
+    with foreign_api() as server:
         yield server
 
 

@@ -16,21 +16,24 @@ import jsonschema
 import pytest
 
 from driver.http_server import HttpServer
-from driver.observe import ApiSlices, Observer, load_slice_files
-from tests.exporter_view import View, request, snapshot_of, wait_for
+from driver.observe import ApiSlices, Observer
+from tests.exporter_view import (
+    FOREIGN_SLICE_FILES,
+    View,
+    foreign_api,
+    request,
+    snapshot_of,
+    wait_for,
+)
 from tests.kubeapi import KubeAPIServer
 
 REPO = Path(__file__).resolve().parent.parent
-DATA = REPO / "tests" / "data" / "foreign-slices"
-FILES = sorted(str(p) for p in DATA.glob("*.yaml"))
+FILES = FOREIGN_SLICE_FILES
 
 
 @pytest.fixture
 def api() -> Iterator[KubeAPIServer]:
-    with KubeAPIServer() as server:
-        server.add_node("dgx-h100")
-        for s in load_slice_files(FILES):
-            server.store.create("resourceslices", "", s)
+    with foreign_api() as server:
         yield server
 
 
