@@ -26,3 +26,26 @@ def hwloc_roots(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     if not HWLOC.exists():
         pytest.skip(f"hwloc fixtures not found at {HWLOC} (set TOPOSLICE_SHARED)")
     return extract_all(tmp_path_factory.mktemp("hwloc"))
+
+
+#: Markers of the tiers that start real Kubernetes binaries. A plain ``pytest`` leaves
+#: them out (they take minutes and need ``../shared/kube``); ``-m e2e`` / ``-m node`` or a
+#: path inside their folders runs them.
+TIER_MARKERS = ("e2e", "node")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.option.markexpr:
+        return
+    named = [str(a) for a in config.args]
+    keep: list[pytest.Item] = []
+    dropped: list[pytest.Item] = []
+    for item in items:
+        tier = next((m for m in TIER_MARKERS if item.get_closest_marker(m)), None)
+        if tier is None or any(f"{tier}" in Path(a).parts for a in named):
+            keep.append(item)
+        else:
+            dropped.append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = keep
