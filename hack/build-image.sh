@@ -1,20 +1,25 @@
 #!/usr/bin/env bash
-# Build the toposlice container image from the repository's multi-stage Dockerfile.
+# Build the toposlice container image.
 #
-#   hack/build-image.sh [IMAGE]          default IMAGE: toposlice:dev
+#   hack/build-image.sh [IMAGE]              Docker/Podman, from the multi-stage Dockerfile
+#   hack/build-image.sh --oci [OUT.tar]      no daemon: an OCI image tarball (hack/build_oci.py)
+#                                            named docker.io/library/toposlice:dev
 #
-# Environment: DOCKER (docker or podman, default docker), PLATFORM (e.g. linux/arm64 for a
-# GB200 / Grace node), PYTHON_IMAGE (base image, e.g. pinned by digest), PUSH=1 to push.
+# Dockerfile path, environment: DOCKER (docker or podman, default docker), PLATFORM (e.g.
+# linux/arm64 for a GB200 / Grace node), PYTHON_IMAGE (base image, e.g. pinned by digest),
+# PUSH=1 to push. Without docker/podman on PATH the OCI path is taken (said so on stderr).
+# The OCI tarball loads with `ctr -n k8s.io images import OUT.tar` (containerd),
+# `docker load -i OUT.tar` or `podman load -i OUT.tar`; IMAGE_NAME sets its name.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-image=${1:-${IMAGE:-toposlice:dev}}
 docker=${DOCKER:-docker}
-if ! command -v "$docker" >/dev/null 2>&1; then
-  echo "build-image: $docker not found (set DOCKER=podman to use podman)" >&2
-  exit 1
+if [[ ${1:-} == --oci ]] || { [[ ${1:-} != -* ]] && ! command -v "$docker" >/dev/null 2>&1; }; then
+  [[ ${1:-} == --oci ]] && shift || echo "build-image: $docker not found; building an OCI tarball without a daemon" >&2
+  exec python3 hack/build_oci.py -o "${1:-toposlice-image.tar}" --name "${IMAGE_NAME:-docker.io/library/toposlice:dev}"
 fi
 
+image=${1:-${IMAGE:-toposlice:dev}}
 args=(build --tag "$image" --file Dockerfile)
 if [[ -n ${PLATFORM:-} ]]; then args+=(--platform "$PLATFORM"); fi
 if [[ -n ${PYTHON_IMAGE:-} ]]; then args+=(--build-arg "PYTHON_IMAGE=$PYTHON_IMAGE"); fi
