@@ -341,6 +341,22 @@ def test_daemonset_env_is_read_by_the_code(variant: str) -> None:
     assert not unread, f"environment neither the code nor the args use: {sorted(unread)}"
 
 
+def test_fake_values_run_on_nodes_without_accelerator_labels() -> None:
+    """values-fake.yaml is for nodes with no accelerator labels: its DaemonSet must have no
+    node affinity left over from the defaults (Helm merges a `{}` into the default map;
+    only null removes it), while the default values keep the accelerator affinity."""
+    terms = node_plugin(render(None))["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"]
+    assert any(e["key"] == "nvidia.com/gpu.present" for t in terms for e in t["matchExpressions"])
+    fake = node_plugin(render(fake_values()))
+    assert "affinity" not in fake
+    assert "nodeSelector" not in fake
+    assert "affinity" in node_plugin(render({"fake": "dgx-h100", "affinity": {}})), (
+        "Helm no longer merges {} into defaults: values-fake.yaml may use {} again"
+    )
+
+
 def test_daemonset_node_name_comes_from_the_downward_api() -> None:
     (c,) = node_plugin(render(None))["containers"]
     (node_env,) = [e for e in c["env"] if e["name"] == "NODE_NAME"]
