@@ -20,6 +20,8 @@ from xml.sax.saxutils import quoteattr
 
 from discovery.model import Gpu, Inventory, Nic, PciDevice
 from discovery.readers import normalize_bdf
+from normalize.options import MatrixNics
+from normalize.relations import matrix_nics, ordered_gpus
 
 _NCCL_SPEEDS = {
     2.5: "2.5 GT/s PCIe",
@@ -230,3 +232,40 @@ def _write(el: _Element, depth: int, out: list[str]) -> None:
     for child in el.children:
         _write(child, depth + 1, out)
     out.append(f"{pad}</{el.tag}>")
+
+
+def resolve_devices(
+    inv: Inventory,
+    tokens: list[str],
+    device_names: dict[str, str],
+    matrix: MatrixNics = "rdma",
+) -> tuple[list[Gpu], list[Nic]]:
+    """GPUs and NICs named by ``tokens``: the relation matrix's ``GPU<n>``/``NIC<n>`` labels
+    (as ``toposlice graph`` prints them), DRA device names (``device_names``: graph vertex
+    id -> device name, the snapshot's), or PCI bus ids in any spelling. An empty list means
+    every GPU and every NIC of the node. ValueError names a token that matches nothing."""
+    if not tokens:
+        return list(inv.gpus), list(inv.nics)
+    gpus, nics = ordered_gpus(inv), matrix_nics(inv, matrix)
+    by_label: dict[str, Gpu | Nic] = {f"GPU{i}": g for i, g in enumerate(gpus)}
+    by_label.update({f"NIC{i}": n for i, n in enumerate(nics)})
+    by_bus: dict[str, Gpu | Nic] = {g.bus_id: g for g in inv.gpus}
+    by_bus.update({n.bus_id: n for n in inv.nics})
+    by_name: dict[str, Gpu | Nic] = {}
+    for vertex, name in device_names.items():
+        kind, _, bus = vertex.partition(":")
+        if kind in ("gpu", "nic") and bus in by_bus:
+            by_name[name] = by_bus[bus]
+    chosen: list[Gpu | Nic] = []
+    for token in tokens:
+        dev = by_label.get(token.upper()) or by_name.get(token)
+        if dev is None:
+            dev = by_bus.get(normalize_bdf(token) or token.lower())
+        if dev is None:
+            raise ValueError(
+                f"--devices: {token!r} is not a GPU or NIC of this node (give GPU<n>/NIC<n> "
+                "as toposlice graph lists them, a DRA device name or a PCI bus id)"
+            )
+        if all(dev is not c for c in chosen):
+            chosen.append(dev)
+    return [d for d in chosen if isinstance(d, Gpu)], [d for d in chosen if isinstance(d, Nic)]

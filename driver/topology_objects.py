@@ -1,0 +1,345 @@
+"""Keep one API object per node equal to a desired one, writing only what changed.
+
+Used for the node's ``NodeResourceTopology`` (``toposlice run --nrt``) and its NFD
+``NodeFeature`` (``--node-feature``), with the publisher's rules (driver/publisher.py):
+
+- a reconcile reads the object (one GET) and compares the fields this writer owns
+  (``zones``/``attributes``/``topologyPolicies`` of an NRT, ``spec`` of a NodeFeature),
+  our labels and the Node owner reference: equal → no write (steady state, restarts with
+  unchanged hardware); different → one update (PUT with the read ``resourceVersion``);
+  absent → one create. What the server stored after our last write counts as equal too,
+  so a field the server normalizes never causes a rewrite per resync;
+- an object of that name not labelled ``app.kubernetes.io/managed-by: toposlice`` (NFD's
+  topology updater writing the same NRT, say) is never overwritten: an error is logged
+  and retried with backoff, with no write;
+- 409 re-reads and retries at once; 429, 5xx, no answer and a missing CRD (404 on the
+  resource) back off exponentially with jitter (``Retry-After`` wins), capped, forever;
+- a resync every ``resync_seconds`` restores an object deleted or edited behind our back.
+
+The object is owned by the Node (garbage-collected with it); it is left in place when
+the driver stops.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import random
+import threading
+import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
+
+from .kube import ApiFailure, NodeNotFound, failure, get_node, request_json
+
+if TYPE_CHECKING:
+    from kubernetes.client import ApiClient
+
+log = logging.getLogger("toposlice.topology_objects")
+
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+MANAGED_BY = "toposlice"
+MAX_CONFLICT_RETRIES = 5
+
+
+class ObjectError(RuntimeError):
+    def __init__(self, what: str, fail: ApiFailure) -> None:
+        super().__init__(f"{what}: {fail.message}")
+        self.failure = fail
+
+
+class _Restart(Exception):
+    """A write hit a conflict: read again and recompute."""
+
+
+@dataclass(frozen=True)
+class ObjectKind:
+    """Where objects of one kind live and which top-level fields the writer owns."""
+
+    name: str
+    """For logs and thread names, e.g. ``NodeResourceTopology``."""
+    group_version: str
+    plural: str
+    owned_fields: tuple[str, ...]
+    namespaced: bool = False
+
+    def collection(self, namespace: str | None) -> str:
+        if self.namespaced:
+            if not namespace:
+                raise ValueError(f"{self.name} is namespaced: a namespace is required")
+            return f"/apis/{self.group_version}/namespaces/{quote(namespace)}/{self.plural}"
+        return f"/apis/{self.group_version}/{self.plural}"
+
+
+NRT_KIND = ObjectKind(
+    "NodeResourceTopology",
+    "topology.node.k8s.io/v1alpha2",
+    "noderesourcetopologies",
+    ("zones", "attributes", "topologyPolicies"),
+)
+NODE_FEATURE_KIND = ObjectKind(
+    "NodeFeature", "nfd.k8s-sigs.io/v1alpha1", "nodefeatures", ("spec",), namespaced=True
+)
+
+
+def _owned(obj: Mapping[str, Any], fields: Sequence[str]) -> str:
+    return json.dumps({f: obj.get(f) for f in fields}, sort_keys=True)
+
+
+class TopologyObjectWriter:
+    """Keeps one object (of ``kind``, owned by the Node ``node_name``) equal to the
+    desired one given by :meth:`set_desired`."""
+
+    def __init__(
+        self,
+        client: ApiClient,
+        kind: ObjectKind,
+        node_name: str,
+        *,
+        resync_seconds: float = 10.0,
+        backoff_base: float = 0.5,
+        backoff_max: float = 30.0,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.client = client
+        self.kind = kind
+        self.node_name = node_name
+        self.resync_seconds = resync_seconds
+        self.backoff_base = backoff_base
+        self.backoff_max = backoff_max
+        self.rng = rng or random.Random()
+        self._cond = threading.Condition()
+        self._desired: dict[str, Any] | None = None
+        self._dirty = False
+        self._node_uid: str | None = None
+        self._echo: tuple[str, str] | None = None
+        """(owned fields sent, owned fields the server stored) of our last write."""
+        self.writes: Counter[str] = Counter()
+        """Write requests sent, by verb (create/update), including failed ones."""
+        self.reconciles = 0
+        self.synced = False
+        self.last_error = ""
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    # -- desired state -------------------------------------------------------------------
+
+    def set_desired(self, obj: Mapping[str, Any]) -> bool:
+        """Set the desired object; True if that changed it (the loop reconciles at once)."""
+        new = copy.deepcopy(dict(obj))
+        with self._cond:
+            if new == self._desired:
+                return False
+            self._desired = new
+            self._dirty = True
+            self.synced = False
+            self._cond.notify_all()
+        return True
+
+    def desired(self) -> dict[str, Any] | None:
+        with self._cond:
+            return copy.deepcopy(self._desired)
+
+    # -- one reconcile -------------------------------------------------------------------
+
+    def reconcile(self) -> int:
+        """Read, compare, write; the number of writes (0 or 1). Raises :class:`ObjectError`."""
+        desired = self.desired()
+        if desired is None:
+            raise RuntimeError("reconcile before set_desired")
+        for _attempt in range(MAX_CONFLICT_RETRIES):
+            try:
+                writes = self._reconcile(desired)
+            except _Restart:
+                continue
+            self.reconciles += 1
+            return writes
+        raise ObjectError(
+            f"write {self.kind.name}",
+            ApiFailure(409, None, f"conflicts {MAX_CONFLICT_RETRIES} times in a row"),
+        )
+
+    def _path(self, desired: Mapping[str, Any], named: bool) -> str:
+        meta = desired.get("metadata") or {}
+        base = self.kind.collection(meta.get("namespace"))
+        return f"{base}/{quote(str(meta['name']))}" if named else base
+
+    def _call(self, what: str, method: str, path: str, body: Any = None) -> Any:
+        write = {"POST": "create", "PUT": "update"}.get(method)
+        if write is not None:
+            self.writes[write] += 1
+        try:
+            return request_json(self.client, method, path, body)
+        except Exception as exc:
+            f = failure(exc)
+            if f.conflict:
+                log.info("%s: conflict, re-reading", what)
+                raise _Restart() from exc
+            if f.not_found and method == "POST":
+                hint = f"{f.message} (is the {self.kind.name} CRD installed?)"
+                f = ApiFailure(404, f.retry_after, hint)
+            raise ObjectError(what, f) from exc
+
+    def _owner(self, refresh: bool) -> dict[str, Any]:
+        if self._node_uid is None or refresh:
+            try:
+                node = get_node(self.client, self.node_name)
+            except NodeNotFound as exc:
+                raise ObjectError("get node", ApiFailure(404, None, str(exc))) from exc
+            except Exception as exc:
+                raise ObjectError("get node", ApiFailure(None, None, str(exc))) from exc
+            self._node_uid = node["metadata"]["uid"]
+        return {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "name": self.node_name,
+            "uid": self._node_uid,
+            "controller": True,
+        }
+
+    def _read(self, desired: Mapping[str, Any]) -> dict[str, Any] | None:
+        what = f"read {self.kind.name}"
+        try:
+            obj: dict[str, Any] = request_json(self.client, "GET", self._path(desired, True))
+            return obj
+        except Exception as exc:
+            f = failure(exc)
+            if not f.not_found:
+                raise ObjectError(what, f) from exc
+            return None
+
+    def _same(self, existing: Mapping[str, Any], desired: Mapping[str, Any], uid: str) -> bool:
+        meta = existing.get("metadata") or {}
+        labels = meta.get("labels") or {}
+        want = (desired.get("metadata") or {}).get("labels") or {}
+        if any(labels.get(k) != v for k, v in want.items()):
+            return False
+        refs = meta.get("ownerReferences") or []
+        if not any(r.get("uid") == uid and r.get("kind") == "Node" for r in refs):
+            return False
+        have = _owned(existing, self.kind.owned_fields)
+        sent = _owned(desired, self.kind.owned_fields)
+        return have == sent or self._echo == (sent, have)
+
+    def _reconcile(self, desired: dict[str, Any]) -> int:
+        existing = self._read(desired)
+        name = desired["metadata"]["name"]
+        if existing is None:
+            owner = self._owner(refresh=True)  # the Node may have been re-created
+            body = copy.deepcopy(desired)
+            body["metadata"]["ownerReferences"] = [owner]
+            stored = self._call(
+                f"create {self.kind.name}", "POST", self._path(desired, False), body
+            )
+            self._remember(desired, stored)
+            return 1
+        labels = (existing.get("metadata") or {}).get("labels") or {}
+        if labels.get(MANAGED_BY_LABEL) != MANAGED_BY:
+            raise ObjectError(
+                f"{self.kind.name} {name}",
+                ApiFailure(
+                    None,
+                    None,
+                    f"exists and is not labelled {MANAGED_BY_LABEL}={MANAGED_BY} (another "
+                    "writer owns it); not overwriting it",
+                ),
+            )
+        owner = self._owner(refresh=False)
+        if self._same(existing, desired, owner["uid"]):
+            return 0
+        body = copy.deepcopy(desired)
+        meta = {k: v for k, v in existing["metadata"].items() if k != "managedFields"}
+        meta["labels"] = {**labels, **(desired["metadata"].get("labels") or {})}
+        others = [r for r in meta.get("ownerReferences") or [] if r.get("kind") != "Node"]
+        meta["ownerReferences"] = [owner, *others]
+        body["metadata"] = meta
+        for field in self.kind.owned_fields:
+            if field not in desired:
+                body.pop(field, None)
+        stored = self._call(f"update {self.kind.name}", "PUT", self._path(desired, True), body)
+        self._remember(desired, stored)
+        return 1
+
+    def _remember(self, desired: Mapping[str, Any], stored: Any) -> None:
+        if isinstance(stored, dict):
+            fields = self.kind.owned_fields
+            self._echo = (_owned(desired, fields), _owned(stored, fields))
+
+    # -- the loop ------------------------------------------------------------------------
+
+    def backoff(self, attempt: int, fail: ApiFailure | None) -> float:
+        """Capped exponential backoff with jitter; ``Retry-After`` wins when given."""
+        if fail is not None and fail.retry_after is not None:
+            return min(self.backoff_max, max(0.0, fail.retry_after))
+        ceiling = min(self.backoff_max, self.backoff_base * (2 ** min(attempt, 30)))
+        return ceiling * (0.5 + 0.5 * self.rng.random())
+
+    def run(self, stop: threading.Event | None = None) -> None:
+        """Reconcile on every change and every ``resync_seconds`` until ``stop`` is set."""
+        stop = stop or self._stop
+        failures = 0
+        while not stop.is_set():
+            with self._cond:
+                self._dirty = False
+            delay = self.resync_seconds
+            if self.desired() is not None:
+                try:
+                    if self.reconcile():
+                        log.info("wrote %s for node %s", self.kind.name, self.node_name)
+                    if failures:
+                        log.info("%s written again after %d failure(s)", self.kind.name, failures)
+                    failures = 0
+                    self.last_error = ""
+                    with self._cond:
+                        self.synced = not self._dirty
+                except ObjectError as exc:
+                    delay = self.backoff(failures, exc.failure)
+                    failures += 1
+                    self.synced = False
+                    self.last_error = str(exc)
+                    log.warning("%s failed (%s); retrying in %.1f s", self.kind.name, exc, delay)
+                except Exception as exc:  # never let the thread die
+                    delay = self.backoff(failures, None)
+                    failures += 1
+                    self.synced = False
+                    self.last_error = f"{type(exc).__name__}: {exc}"
+                    log.exception(
+                        "%s failed unexpectedly; retrying in %.1f s", self.kind.name, delay
+                    )
+            self._wait(stop, delay, wake_on_change=failures == 0)
+
+    def _wait(self, stop: threading.Event, seconds: float, wake_on_change: bool) -> None:
+        deadline = time.monotonic() + seconds
+        with self._cond:
+            while not (self._dirty and wake_on_change) and not stop.is_set():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                self._cond.wait(min(left, 0.5))
+
+    def start(self) -> threading.Thread:
+        self._stop.clear()
+        name = f"{self.kind.plural}-writer"
+        self._thread = threading.Thread(target=self.run, name=name, daemon=True)
+        self._thread.start()
+        return self._thread
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop the loop; the object stays."""
+        self._stop.set()
+        with self._cond:
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def wait_synced(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.synced:
+                return True
+            time.sleep(0.02)
+        return self.synced

@@ -1,0 +1,152 @@
+"""The node's NFD ``NodeFeature`` (``nfd.k8s-sigs.io/v1alpha1``): topology as node labels.
+
+NFD's master turns ``spec.labels`` of every NodeFeature that carries the label
+``nfd.node.kubernetes.io/node-name: <node>`` into labels of that Node, so the driver needs
+no permission on Nodes. The keys (all under ``toposlice.dev/``; docs/integrations.md maps
+each to what Kueue, KAI, Volcano and topograph read):
+
+- ``nvlink-domain``: the GPUs' scale-up domain. The fabric clique
+  (``<clusterUUID>.<cliqueId>``, a valid label value as it is) when every GPU of the
+  node is in the same ready clique, else the node
+  itself (a label-safe form of the node name): the level a Kueue/KAI ``Topology`` or a
+  Volcano ``HyperNode`` tier groups nodes by. Absent without GPUs.
+- ``gpu.clique``: the fabric clique alone, only when ready (the value of
+  ``nvidia.com/gpu.clique``).
+- ``gpu.vendor``, ``gpu.model`` (label-safe), ``gpu.count``.
+- ``gpus-per-numa``: the most GPUs on one NUMA node; ``gpu-numa-nodes``: how many NUMA
+  nodes hold GPUs.
+- ``gpu-nic-alignment``: for each GPU the closest RDMA NIC (physical functions, as
+  ``nvidia-smi topo -m`` lists them), and the worst of those over the GPUs, lower case:
+  ``pix`` < ``pxb`` < ``phb`` < ``node`` < ``sys``; ``none`` without RDMA NICs.
+- ``rail-count``: the RDMA NICs that are the closest NIC of at least one GPU (rails of a
+  rail-optimized fabric; storage NICs farther away do not count).
+
+``spec.features.attributes["toposlice.topology"]`` carries the same values without the
+prefix, for NodeFeatureRules. Pure function: no I/O.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from typing import Any
+
+from discovery.model import Gpu, Inventory, Nic
+
+from .cpugroups import device_numa
+from .names import short_hash
+from .relations import matrix_nics, ordered_gpus, relation
+
+API_VERSION = "nfd.k8s-sigs.io/v1alpha1"
+KIND = "NodeFeature"
+PLURAL = "nodefeatures"
+NODE_NAME_LABEL = "nfd.node.kubernetes.io/node-name"
+PREFIX = "toposlice.dev"
+FEATURE_SET = "toposlice.topology"
+MANAGED_BY = "toposlice"
+
+#: PCIe relation classes, closest first (``nvidia-smi topo -m`` legend).
+ALIGNMENT_ORDER = ("PIX", "PXB", "PHB", "NODE", "SYS")
+
+MAX_LABEL_VALUE = 63
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+_BAD = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def is_label_value(value: str) -> bool:
+    return len(value) <= MAX_LABEL_VALUE and bool(_LABEL_VALUE.match(value))
+
+
+def label_safe(text: str) -> str:
+    """Any text as a label value: odd characters become ``-``, ends trimmed to
+    alphanumerics, and a long value keeps its head plus a hash of the whole."""
+    value = _BAD.sub("-", text.strip())
+    value = re.sub(r"^[^A-Za-z0-9]+|[^A-Za-z0-9]+$", "", value)
+    if len(value) > MAX_LABEL_VALUE:
+        head = re.sub(r"[^A-Za-z0-9]+$", "", value[: MAX_LABEL_VALUE - 13])
+        value = f"{head}-{short_hash(text, 12)}"
+    return value
+
+
+def object_name(node_name: str) -> str:
+    """``toposlice-<node>``; a hash stands in for a node name too long for it."""
+    name = f"toposlice-{node_name}"
+    return name if len(name) <= 253 else f"toposlice-{short_hash(node_name, 32)}"
+
+
+def _clique(gpus: list[Gpu]) -> str | None:
+    cliques = {g.fabric.clique if g.fabric is not None else None for g in gpus}
+    if len(cliques) == 1:
+        (only,) = cliques
+        return only
+    return None
+
+
+def _alignment(inv: Inventory, gpus: list[Gpu], nics: list[Nic]) -> tuple[str, int]:
+    """(worst best-NIC class over the GPUs, number of distinct best NICs)."""
+    if not gpus or not nics:
+        return "none", 0
+    rank = {cls: i for i, cls in enumerate(ALIGNMENT_ORDER)}
+    worst = 0
+    rails: set[str] = set()
+    for gpu in gpus:
+        classes = [(rank.get(relation(inv, gpu, nic), len(rank) - 1), nic.bus_id) for nic in nics]
+        best = min(c for c, _ in classes)
+        worst = max(worst, best)
+        rails.update(bus for c, bus in classes if c == best)
+    return ALIGNMENT_ORDER[worst].lower(), len(rails)
+
+
+def topology_labels(inv: Inventory, node_name: str) -> dict[str, str]:
+    """Label name (without prefix) -> value."""
+    gpus = ordered_gpus(inv)
+    nics = matrix_nics(inv)
+    out: dict[str, str] = {}
+    if gpus:
+        clique = _clique(gpus)
+        out["nvlink-domain"] = clique if clique is not None else label_safe(node_name)
+        if clique is not None:
+            out["gpu.clique"] = clique
+        vendors = sorted({g.vendor for g in gpus})
+        out["gpu.vendor"] = label_safe("_".join(vendors))
+        models = Counter(g.model for g in gpus if g.model)
+        if models:
+            out["gpu.model"] = label_safe(models.most_common(1)[0][0] or "")
+        out["gpu.count"] = str(len(gpus))
+        per_numa: Counter[int] = Counter()
+        for g in gpus:
+            pci = inv.pci(g.bus_id)
+            numa = None if pci is None else device_numa(pci)
+            if numa is not None:
+                per_numa[numa] += 1
+        if per_numa:
+            out["gpus-per-numa"] = str(max(per_numa.values()))
+            out["gpu-numa-nodes"] = str(len(per_numa))
+        alignment, rails = _alignment(inv, gpus, nics)
+        out["gpu-nic-alignment"] = alignment
+        out["rail-count"] = str(rails)
+    return {k: v for k, v in out.items() if v}
+
+
+def build_node_feature(inv: Inventory, node_name: str, namespace: str) -> dict[str, Any]:
+    """The NodeFeature object for ``node_name`` in ``namespace`` (no ownerReferences: the
+    writer adds the Node's UID)."""
+    if not is_label_value(node_name):
+        raise ValueError(
+            f"node name {node_name!r} is longer than {MAX_LABEL_VALUE} characters: NFD "
+            f"finds NodeFeatures by the label {NODE_NAME_LABEL}, whose value cannot hold it"
+        )
+    labels = topology_labels(inv, node_name)
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "metadata": {
+            "name": object_name(node_name),
+            "namespace": namespace,
+            "labels": {NODE_NAME_LABEL: node_name, "app.kubernetes.io/managed-by": MANAGED_BY},
+        },
+        "spec": {
+            "features": {"attributes": {FEATURE_SET: {"elements": dict(labels)}}},
+            "labels": {f"{PREFIX}/{k}": v for k, v in labels.items()},
+        },
+    }
