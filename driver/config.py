@@ -30,6 +30,10 @@ class ConfigError(ValueError):
     """A bad flag or variable: printed as one line, exit status 2."""
 
 
+class ListenError(RuntimeError):
+    """The HTTP address is well-formed but cannot be bound (in use, not this host's)."""
+
+
 @dataclass(frozen=True)
 class DaemonConfig:
     node_name: str
@@ -52,6 +56,75 @@ class DaemonConfig:
     startup_timeout: float = 10.0
     log_format: str = "text"
     log_level: str = "info"
+
+
+def parse_http_addr(addr: str, flag: str = "--http-addr") -> tuple[str, int]:
+    """``HOST:PORT``, ``:PORT`` (all interfaces) or ``[V6]:PORT`` -> (host, port); the one
+    check and wording of a listen address for every command. ValueError when bad."""
+    host, sep, port = addr.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(
+            f"{flag} {addr!r}: want HOST:PORT or :PORT with a port of 0-65535 (0: any free one)"
+        )
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def check_listen(addr: str, flag: str = "--http-addr") -> None:
+    """Bind ``addr`` once and let go: an address in use or not ours is refused in one line
+    naming it, before anything is created on the host (the server binds it again later)."""
+    import socket
+
+    host, port = parse_http_addr(addr, flag)
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    try:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host, port))
+    except OSError as exc:
+        raise ListenError(
+            f"{flag} {addr}: cannot listen on {where}: {exc.strerror or exc}"
+        ) from exc
+
+
+def yaml_error_line(exc: BaseException) -> str:
+    """A PyYAML error as one line: what is wrong and where (line, column of the file)."""
+    problem = getattr(exc, "problem", None)
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    text = " ".join(str(problem or getattr(exc, "context", None) or exc).split())
+    if mark is not None:
+        text += f" at line {mark.line + 1}, column {mark.column + 1}"
+    return text
+
+
+def check_kubeconfig(path: str | None, flag: str = "--kubeconfig") -> None:
+    """Refuse, in one line, a kubeconfig the client could not load, or no configuration at
+    all: before the driver creates a socket or a directory on the host."""
+    if not path:
+        if not (
+            os.environ.get("KUBERNETES_SERVICE_HOST") and os.environ.get("KUBERNETES_SERVICE_PORT")
+        ):
+            raise ConfigError(
+                f"no kubeconfig and not in a cluster ($KUBERNETES_SERVICE_HOST unset): give "
+                f"{flag} FILE or set $KUBECONFIG"
+            )
+        return
+    if not os.path.isfile(path):
+        raise ConfigError(f"{flag} {path}: no such file")
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = yaml.safe_load(fh)
+    except OSError as exc:
+        raise ConfigError(f"{flag} {path}: cannot read: {exc.strerror or exc}") from exc
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{flag} {path}: not valid YAML: {yaml_error_line(exc)}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"{flag} {path}: not a kubeconfig (want a mapping with clusters, users and "
+            f"contexts, got a {type(data).__name__})"
+        )
 
 
 def _env(name: str, default: str | None = None) -> str | None:
@@ -210,8 +283,6 @@ def load_config(
     registrar_dir = os.path.abspath(args.kubelet_registrar_directory_path)
     _socket_fits(os.path.join(registrar_dir, f"{driver}-reg.sock"), "registration")
     _socket_fits(os.path.join(plugins_dir, "dra.sock"), "DRA service")
-    if args.kubeconfig and not os.path.isfile(args.kubeconfig):
-        raise ConfigError(f"--kubeconfig {args.kubeconfig}: no such file")
     for flag in ("rediscover_interval", "resync_interval"):
         if getattr(args, flag) <= 0:
             raise ConfigError(f"--{flag.replace('_', '-')} must be > 0")
@@ -219,9 +290,9 @@ def load_config(
         raise ConfigError("--startup-timeout must be >= 0")
     http_addr = args.http_addr or None
     if http_addr is not None:
-        _host, sep, port = http_addr.rpartition(":")
-        if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-            raise ConfigError(f"--http-addr {http_addr!r}: want HOST:PORT or :PORT")
+        parse_http_addr(http_addr)
+    publish = parse_publish(args.publish)
+    check_kubeconfig(args.kubeconfig)  # last: the other flags' errors are the likelier typo
     return DaemonConfig(
         node_name=args.node_name,
         driver_name=driver,
@@ -231,7 +302,7 @@ def load_config(
         cdi_root=os.path.abspath(args.cdi_root),
         state_dir=os.path.abspath(args.state_dir or plugins_dir),
         http_addr=http_addr,
-        publish=parse_publish(args.publish),
+        publish=publish,
         root=root,
         live=live,
         normalize=dataclasses.replace(normalize, driver=driver),

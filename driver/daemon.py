@@ -3,6 +3,8 @@ health and the HTTP exporter.
 
 Start order (each step only once the one before worked):
 
+0. the configuration (names, kubeconfig: ``load_config``; the HTTP address can be bound:
+   here), so a bad one leaves no socket or directory behind on the host;
 1. discovery through the injected ``discover`` callable (the CLI passes
    ``toposlice.sources.inventory_loader(args)``; nothing here imports a probe);
 2. claim state (checkpoint, CDI specs), the DRA service socket, then the registration
@@ -222,6 +224,13 @@ class Daemon:
         from .state import DriverState
 
         cfg = self.cfg
+        if cfg.http_addr:  # an address in use: refused before any socket or directory exists
+            from .config import ListenError, check_listen
+
+            try:
+                check_listen(cfg.http_addr)
+            except ListenError as exc:
+                raise StartupError(str(exc)) from exc
         try:
             self._snap = self._discover_snapshot()
         except (OSError, ValueError) as exc:
@@ -295,7 +304,7 @@ class Daemon:
             self.http = HttpServer(addr, self, self.metrics, dot=self.dot).start()
         except OSError as exc:
             self.stop()
-            raise StartupError(f"--http-addr {addr}: {exc}") from exc
+            raise StartupError(f"--http-addr {addr}: {exc.strerror or exc}") from exc
         log.info("HTTP on %s", self.http.url)
 
     def _start_hotplug(self) -> None:

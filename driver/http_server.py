@@ -214,12 +214,11 @@ def device_infos(rendered: Rendered) -> list[DeviceInfo]:
 
 
 def parse_addr(addr: str) -> tuple[str, int]:
-    """``host:port``, ``:port`` (all interfaces) or ``[v6]:port``."""
-    host, sep, port = addr.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ValueError(f"--http-addr must be HOST:PORT, not {addr!r}")
-    host = host.strip("[]")
-    return host or "0.0.0.0", int(port)
+    """``host:port``, ``:port`` (all interfaces) or ``[v6]:port``; ValueError when bad
+    (the wording every command uses: :func:`driver.config.parse_http_addr`)."""
+    from .config import parse_http_addr
+
+    return parse_http_addr(addr)
 
 
 def _etag_match(header: bytes, etag: bytes) -> bool:
@@ -542,9 +541,10 @@ class HttpServer:
         try:
             sock.bind((self.host, self.port))
             sock.listen(1024)
-        except OSError:
+        except OSError as exc:
             sock.close()
-            raise
+            where = f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+            raise OSError(exc.errno, f"cannot listen on {where}: {exc.strerror or exc}") from exc
         sock.setblocking(False)
         self._sock = sock
         snap = self.view.snapshot()

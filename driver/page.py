@@ -374,12 +374,18 @@ def _matrix(doc: dict[str, Any]) -> str:
 
 def _device_table(doc: dict[str, Any], marks: Mapping[str, Mark]) -> str:
     rows = []
+    dra = doc.get("dra") or {}
     for v in doc.get("vertices", []):
         if v["kind"] not in ("gpu", "nic", "cpu_group"):
             continue
         a = v["attrs"]
         mark = marks.get(v["id"], Mark())
-        idents = [f"{d['driver']}/{d['pool']}/{d['device']}" for d in a.get("dra", [])]
+        idents = [_a(f"{d['driver']}/{d['pool']}/{d['device']}") for d in a.get("dra", [])]
+        if not idents and a.get("dra_device"):
+            # Not published by toposlice (`serve`, or a kind left out with --publish): the
+            # name it has in the node's pool all the same, marked as such.
+            name = f"{dra.get('driver', '')}/{dra.get('pool') or ''}/{a['dra_device']}"
+            idents.append(f"{_a(name)} <span class='muted small'>(not published)</span>")
         state = []
         if mark.allocated:
             state.append(f"<span class='pill alloc'>allocated {_a(mark.allocated[:8])}</span>")
@@ -392,7 +398,7 @@ def _device_table(doc: dict[str, Any], marks: Mapping[str, Mark]) -> str:
         rows.append(
             f"<tr data-vertex='{_a(v['id'])}'><td>{_a(label)}</td><td>{_a(v['kind'])}</td>"
             f"<td>{_a(where)}</td><td>{_a(numa)}</td><td>{_a(root)}</td>"
-            f"<td>{'<br>'.join(_a(i) for i in idents) or '-'}</td>"
+            f"<td>{'<br>'.join(idents) or '-'}</td>"
             f"<td>{' '.join(state) or _a(mark.health)}</td></tr>"
         )
     return (

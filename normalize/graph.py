@@ -113,12 +113,18 @@ def _pci_attrs(pci: PciDevice | None) -> dict[str, Any]:
 
 
 def build_graph(
-    inv: Inventory, opts: NormalizeOptions | None = None, plan: PoolPlan | None = None
+    inv: Inventory,
+    opts: NormalizeOptions | None = None,
+    plan: PoolPlan | None = None,
+    node: str | None = None,
 ) -> dict[str, Any]:
     """The ``toposlice.graph/v1`` JSON document for ``inv`` (see docs/graph.md); ``plan``
-    is the pool plan when the caller already has it."""
+    is the pool plan when the caller already has it. ``node``: the Kubernetes node name,
+    which is also the pool's name (as ``toposlice slices --node-name`` publishes it);
+    default: the inventory's host name."""
     opts = opts or NormalizeOptions()
     plan = plan or plan_pool(inv, opts)
+    k8s_node = node  # (`node` is reused for NUMA nodes below)
     b = _Builder()
     names = plan.names
     rel = relation_matrix(inv, opts.matrix_nics)
@@ -280,8 +286,8 @@ def build_graph(
         )
     return {
         "schema": GRAPH_SCHEMA,
-        "node": host,
-        "dra": {"driver": opts.driver, "pool": _pool(host)},
+        "node": k8s_node or host,
+        "dra": {"driver": opts.driver, "pool": k8s_node or _pool(host)},
         "vertices": list(b.vertices.values()),
         "edges": b.edges,
         "devices": devices,

@@ -289,6 +289,10 @@ class KubeReader:
 # ------------------------------------------------------------------ HTTP
 
 
+#: The extender's POST endpoints (kube-scheduler's filterVerb and prioritizeVerb).
+VERBS = ("filter", "prioritize")
+
+
 def make_server(ext: Extender, host: str, port: int) -> ThreadingHTTPServer:
     class Handler(BaseHTTPRequestHandler):
         server_version = "toposlice-scorer"
@@ -307,6 +311,14 @@ def make_server(ext: Extender, host: str, port: int) -> ThreadingHTTPServer:
         def do_GET(self) -> None:
             if self.path in ("/healthz", "/readyz"):
                 self._send(200, {"status": "ok"})
+            elif self.path.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1] in VERBS:
+                data = json.dumps({"error": "use POST with ExtenderArgs"}).encode("utf-8")
+                self.send_response(405)
+                self.send_header("Allow", "POST")
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
             else:
                 self._send(404, {"error": "not found"})
 

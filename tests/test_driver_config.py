@@ -22,6 +22,8 @@ ENV = (
     "PUBLISH",
     "LOG_FORMAT",
     "LOG_LEVEL",
+    "KUBERNETES_SERVICE_HOST",
+    "KUBERNETES_SERVICE_PORT",
 )
 
 
@@ -40,7 +42,9 @@ def parse(argv: list[str]) -> DaemonConfig:
     return load_config(args, "/", False, normalize_options(args))
 
 
-def test_defaults_follow_the_driver_name() -> None:
+def test_defaults_follow_the_driver_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")  # in a pod
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
     cfg = parse(["--node-name", "n1", "--driver-name", "net.example.com"])
     assert cfg.driver_name == "net.example.com"
     assert cfg.normalize.driver == "net.example.com"
@@ -55,7 +59,7 @@ def test_defaults_follow_the_driver_name() -> None:
 
 def test_environment_and_flags(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     kc = tmp_path / "kc"
-    kc.write_text("{}")
+    kc.write_text("apiVersion: v1\nkind: Config\nclusters: []\n")
     monkeypatch.setenv("NODE_NAME", "from-env")
     monkeypatch.setenv("KUBECONFIG", str(kc))
     monkeypatch.setenv("PUBLISH", "nic")
@@ -79,6 +83,8 @@ def test_environment_and_flags(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
         (["--node-name", "n1", "--publish", ""], "--publish"),
         (["--node-name", "n1", "--http-addr", "localhost"], "--http-addr"),
         (["--node-name", "n1", "--kubeconfig", "/nonexistent/kc"], "no such file"),
+        (["--node-name", "n1"], "give --kubeconfig FILE or set \\$KUBECONFIG"),
+        (["--node-name", "n1", "--http-addr", ":99999"], "port of 0-65535"),
         (["--node-name", "n1", "--resync-interval", "0"], "--resync-interval"),
         (
             ["--node-name", "n1", "--kubelet-plugins-directory-path", "/" + "p" * 120],
@@ -93,3 +99,20 @@ def test_environment_and_flags(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
 def test_refusals(argv: list[str], needle: str) -> None:
     with pytest.raises(ConfigError, match=needle.replace("(", r"\(")):
         parse(argv)
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("a: [\n", "not valid YAML: .* at line 2, column 1"),
+        ('"just a string"\n', "not a kubeconfig .* got a str"),
+    ],
+)
+def test_unloadable_kubeconfig_is_refused_in_one_line(
+    tmp_path: Path, text: str, needle: str
+) -> None:
+    kc = tmp_path / "kc.yaml"
+    kc.write_text(text)
+    with pytest.raises(ConfigError, match=needle) as err:
+        parse(["--node-name", "n1", "--kubeconfig", str(kc)])
+    assert str(kc) in str(err.value) and "\n" not in str(err.value)

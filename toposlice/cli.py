@@ -12,13 +12,16 @@ from collections.abc import Sequence
 from importlib import import_module
 
 from toposlice.sources import (
+    add_node_name_arg,
     add_normalize_args,
     add_source_args,
+    check_source,
     load_inventory,
     normalize_options,
 )
 
 COMMANDS = ("discover", "slices", "graph")
+QUIET_HELP = "do not repeat inventory warnings on stderr"
 
 #: Commands that live in a module of their own: name -> (module, one-line help). The
 #: module has ``add_arguments(parser)`` and ``run(args) -> int``; it is imported only
@@ -44,33 +47,40 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         prog="toposlice",
         description="Describe accelerator-node topology to Kubernetes (DRA ResourceSlices).",
     )
-    parser.add_argument(
-        "-q", "--quiet", action="store_true", help="do not repeat inventory warnings on stderr"
-    )
+    parser.add_argument("-q", "--quiet", action="store_true", help=QUIET_HELP)
     sub = parser.add_subparsers(dest="command", required=True)
 
     def wanted(name: str) -> bool:
         return only is None or only == name
 
-    p = sub.add_parser("discover", help="read the node and print its inventory")
+    def add_parser(name: str, help_text: str) -> argparse.ArgumentParser:
+        # -q also after the command; SUPPRESS keeps the top level's value when absent.
+        p = sub.add_parser(name, help=help_text)
+        p.add_argument(
+            "-q", "--quiet", action="store_true", default=argparse.SUPPRESS, help=QUIET_HELP
+        )
+        return p
+
+    p = add_parser("discover", "read the node and print its inventory")
     if wanted("discover"):
         _discover_args(p)
 
-    p = sub.add_parser("slices", help="print the node's ResourceSlices (resource.k8s.io/v1)")
+    p = add_parser("slices", "print the node's ResourceSlices (resource.k8s.io/v1)")
     if wanted("slices"):
         add_source_args(p)
         add_normalize_args(p)
-        p.add_argument("--node-name", help="Kubernetes node name (default: inventory hostname)")
+        add_node_name_arg(p)
         p.add_argument("-o", "--output", choices=["yaml", "json"], default="yaml")
 
-    p = sub.add_parser("graph", help="print the node's topology graph")
+    p = add_parser("graph", "print the node's topology graph")
     if wanted("graph"):
         add_source_args(p)
         add_normalize_args(p)
+        add_node_name_arg(p)
         p.add_argument("-o", "--output", choices=["table", "json", "yaml", "dot"], default="table")
 
     for name, (module, help_text) in MODULE_COMMANDS.items():
-        p = sub.add_parser(name, help=help_text)
+        p = add_parser(name, help_text)
         if only == name:
             import_module(module).add_arguments(p)
     return parser
@@ -104,8 +114,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except (OSError, ValueError) as exc:
-        print(f"toposlice: error: {exc}", file=sys.stderr)
+        # Bad input (a flag, a file): one line, no traceback.
+        print(f"toposlice: error: {one_line(exc)}", file=sys.stderr)
         return 2
+
+
+def one_line(exc: BaseException) -> str:
+    """An error for people, in one line: an OSError as "file: reason" (not "[Errno 2] ..."),
+    a wrapped PyYAML error as what and where, other text with its line breaks folded."""
+    if isinstance(exc, OSError) and exc.strerror:
+        text = f"{exc.filename}: {exc.strerror}" if exc.filename else exc.strerror
+    else:
+        text = str(exc)
+        cause = exc.__cause__
+        if cause is not None and type(cause).__module__.startswith("yaml"):
+            from driver.config import yaml_error_line
+
+            head = text.split(str(cause))[0] if str(cause) in text else f"{text}: "
+            text = head + yaml_error_line(cause)
+    return " ".join(text.split()) or type(exc).__name__
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -115,6 +142,7 @@ def _run(args: argparse.Namespace) -> int:
 
     from toposlice.output import dump
 
+    check_source(args)
     inv = load_inventory(args)
     if not args.quiet and not (args.command == "discover" and args.output == "table"):
         # The table shows them itself; for machine-readable output they go to stderr too.
@@ -135,13 +163,11 @@ def _run(args: argparse.Namespace) -> int:
 
     opts = normalize_options(args)
     if args.command == "slices":
-        import socket
-
         from driver.config import check_names
-        from normalize.names import node_name
         from normalize.slices import build_slices
+        from toposlice.sources import node_name_of
 
-        node = args.node_name or node_name(inv.hostname or socket.gethostname())
+        node = node_name_of(args, inv)
         check_names(node, opts.driver)  # names the API server would refuse: say so
         dump(build_slices(inv, node, opts), args.output)
         return 0
@@ -149,7 +175,8 @@ def _run(args: argparse.Namespace) -> int:
     from normalize.graph import build_graph
     from toposlice.render import graph_table, graph_to_dot
 
-    graph = build_graph(inv, opts)
+    # Node and pool follow --node-name as in `slices`; without it, the host's names.
+    graph = build_graph(inv, opts, node=args.node_name)
     if args.output == "table":
         sys.stdout.write(graph_table(graph))
     elif args.output == "dot":

@@ -38,14 +38,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("-v", "--verbose", action="store_true")
 
 
-def _split_addr(addr: str) -> tuple[str, int]:
-    host, sep, port = addr.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ValueError(f"--http-addr {addr!r}: expected HOST:PORT")
-    return host.strip("[]") or "0.0.0.0", int(port)
-
-
 def run(args: argparse.Namespace) -> int:
+    from driver.config import parse_http_addr
+
+    host, port = parse_http_addr(args.http_addr)  # bad: exit 2 before any work
     from scorer.extender import Extender, KubeReader, NodeGraphs, make_server
     from scorer.topology import read_graph_file
     from toposlice.cmd_score import fake_node
@@ -62,15 +58,34 @@ def run(args: argparse.Namespace) -> int:
         g, _ = fake_node(spec)
         static[str(g["node"])] = g
     graphs = NodeGraphs(static=static, url_template=args.topology_url or None)
-    reader = None if args.no_kube else KubeReader()
+    reader = None
+    if not args.no_kube:
+        from kubernetes.config import ConfigException
+
+        try:
+            reader = KubeReader()
+        except (ConfigException, OSError, TypeError, ValueError) as exc:
+            msg = " ".join(str(exc).split())
+            raise ValueError(
+                f"cannot reach the cluster's ResourceClaims ({msg}): run in-cluster, set "
+                "$KUBECONFIG, or give --no-kube"
+            ) from exc
     ext = Extender(
         graphs,
         reader=reader.read if reader else None,
         occupancy=reader.occupancy if reader else None,
         driver=args.driver,
     )
-    host, port = _split_addr(args.http_addr)
-    server = make_server(ext, host, port)
+    try:
+        server = make_server(ext, host, port)
+    except OSError as exc:  # in use, or not this host's address: a runtime failure
+        where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        print(
+            f"toposlice: error: --http-addr {args.http_addr}: cannot listen on {where}: "
+            f"{exc.strerror or exc}",
+            file=sys.stderr,
+        )
+        return 1
     print(f"toposlice scorer: serving on {host}:{server.server_address[1]}", file=sys.stderr)
     try:
         server.serve_forever()

@@ -16,8 +16,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from toposlice.sources import (
+    add_node_name_arg,
     add_normalize_args,
     add_source_args,
+    check_source,
     inventory_loader,
     normalize_options,
 )
@@ -31,7 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--http-addr", default=":8080", help="HOST:PORT to serve on (default %(default)s)"
     )
-    p.add_argument("--node-name", help="Kubernetes node name (default: inventory hostname)")
+    add_node_name_arg(p)
     p.add_argument(
         "--rediscover-interval",
         type=float,
@@ -71,16 +73,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 class ServeView:
-    """ExporterView of a node toposlice does not publish for: only the snapshot is real."""
+    """ExporterView of a node toposlice does not publish for: the snapshot, and device
+    health as the driver would judge it from each discovery (NIC links down, devices gone);
+    nothing is allocated."""
 
-    def __init__(self) -> None:
+    def __init__(self, driver: str = "toposlice.dev") -> None:
+        from driver.health import HealthMonitor
+
         self._snapshot: Any = None
         self.last_error = ""
+        self.health_monitor = HealthMonitor(driver)
 
     def snapshot(self) -> Any:
         return self._snapshot
 
     def set(self, snap: Any) -> None:
+        self.health_monitor.update_snapshot(snap)
         self._snapshot = snap
 
     def status(self) -> Any:
@@ -92,15 +100,19 @@ class ServeView:
         return {}
 
     def health(self) -> list[Any]:
-        return []
+        return self.health_monitor.current()
 
 
 def run(args: argparse.Namespace) -> int:
+    from driver.config import parse_http_addr
     from driver.http_server import HttpServer
     from driver.metrics import DriverMetrics
     from toposlice.discovery_worker import DiscoveryWorker, discover_snapshot
     from toposlice.render import graph_to_dot
 
+    # Bad flags exit 2 before anything binds (cli.main prints the ValueError in one line).
+    parse_http_addr(args.http_addr)
+    check_source(args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     from toposlice.discovery_worker import SWITCH_INTERVAL
 
@@ -108,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
     loader = inventory_loader(args)
     opts = normalize_options(args)
     gc.freeze()  # start-up objects: out of the collector's way for good
-    view = ServeView()
+    view = ServeView(opts.driver)
     metrics = DriverMetrics()
 
     def ready() -> tuple[bool, str]:
@@ -117,7 +129,11 @@ def run(args: argparse.Namespace) -> int:
     server = HttpServer(
         args.http_addr, view, metrics, ready=ready, publishes=False, dot=graph_to_dot
     )
-    server.start()
+    try:
+        server.start()
+    except OSError as exc:  # the address is in use, or not this host's: a runtime failure
+        print(f"toposlice: error: --http-addr {args.http_addr}: {exc.strerror}", file=sys.stderr)
+        return 1
     log.info("serving on %s", server.url)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -129,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
 
     worker = None if args.discover_in_process else DiscoveryWorker(args)
 
-    def discover_once() -> bool:
+    def discover_once(first: bool) -> bool:
         start = time.perf_counter()
         try:
             if worker is not None:
@@ -138,6 +154,10 @@ def run(args: argparse.Namespace) -> int:
                 snap = discover_snapshot(args, loader)
             inv = snap.inventory
         except Exception as exc:
+            if first and isinstance(exc, ValueError):
+                # The source itself is bad (an unknown machine, a host name that is no node
+                # name): one line and exit 2 through cli.main, not a 503 forever.
+                raise
             view.last_error = f"discovery failed: {exc}"
             log.warning("%s", view.last_error)
             metrics.discovery(time.perf_counter() - start, None, failed=True)
@@ -154,8 +174,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         if observer is not None:
             observer.start()
+        first = True
         while not stop.is_set():
-            if discover_once():
+            ok, first = discover_once(first), False
+            if ok:
                 backoff = 1.0
                 stop.wait(max(args.rediscover_interval, 0.05))
             else:

@@ -12,10 +12,9 @@ import argparse
 import contextlib
 import os
 import signal
-import socket
 from typing import TYPE_CHECKING, Any
 
-from toposlice.sources import inventory_loader, normalize_options
+from toposlice.sources import inventory_loader, node_name_of, normalize_options
 
 if TYPE_CHECKING:  # multiprocessing is imported on first use: not on the way to registration
     from concurrent.futures import ProcessPoolExecutor
@@ -42,13 +41,12 @@ def background() -> None:
 
 def discover_snapshot(args: argparse.Namespace, loader: Any = None, node: str = "") -> Any:
     """One discovery and its snapshot (in the helper process, or in-process with
-    ``loader``). ``node``: the node name; else ``args.node_name``, the inventory's
-    hostname, this host's name."""
+    ``loader``). ``node``: the node name; else ``--node-name``, else the inventory's host
+    name lower-cased (:func:`toposlice.sources.node_name_of`, as ``slices`` names it)."""
     from normalize.snapshot import build_snapshot
 
     inv = (loader or inventory_loader(args))()
-    name = node or getattr(args, "node_name", None) or inv.hostname or socket.gethostname()
-    return build_snapshot(inv, name, normalize_options(args))
+    return build_snapshot(inv, node or node_name_of(args, inv), normalize_options(args))
 
 
 class DiscoveryWorker:

@@ -79,6 +79,136 @@ def add_normalize_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_node_name_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--node-name",
+        help="Kubernetes node name, also the pool's name (default: the host name, lower-cased)",
+    )
+
+
+def check_node_name(args: argparse.Namespace) -> None:
+    """Refuse a ``--node-name`` the API server would refuse (an empty one included)."""
+    name = getattr(args, "node_name", None)
+    if name is None:
+        return
+    from normalize.validation import is_dns_subdomain
+
+    if not name:
+        raise ValueError("--node-name '': give a node name, or leave the flag out")
+    if not is_dns_subdomain(name):
+        raise ValueError(
+            f"--node-name {name!r} is not a valid Kubernetes node name (lower-case letters, "
+            "digits, '-' and '.', starting and ending with a letter or digit)"
+        )
+
+
+def node_name_of(args: argparse.Namespace, inv: Inventory) -> str:
+    """The node (and pool) name every command uses: ``--node-name``, else the inventory's
+    host name lower-cased as the kubelet does, else this host's name. ValueError, naming
+    ``--node-name``, when the host name cannot be a node name."""
+    check_node_name(args)
+    if getattr(args, "node_name", None):
+        return str(args.node_name)
+    import socket
+
+    from normalize.names import node_name
+
+    return node_name(inv.hostname or socket.gethostname())
+
+
+def known_probes() -> list[str]:
+    """Names ``--probes`` accepts: the built-in probes and installed entry points."""
+    from plugins.registry import BUILTIN, GROUP, scan_entry_points
+
+    names = dict(BUILTIN)
+    try:
+        names.update(scan_entry_points(GROUP))
+    except Exception:  # a broken distribution: the built-ins still run
+        pass
+    return sorted(names)
+
+
+def probe_list(text: str | None) -> list[str] | None:
+    """``--probes a,b`` as a list (None: all); ValueError for a name no probe has."""
+    if not text:
+        return None
+    probes = [p.strip() for p in text.split(",") if p.strip()]
+    known = known_probes()
+    bad = [p for p in probes if p not in known]
+    if bad or not probes:
+        raise ValueError(
+            f"--probes {text!r}: unknown probe {bad[0]!r} (installed: {', '.join(known)})"
+            if bad
+            else f"--probes {text!r}: no probe named"
+        )
+    return probes
+
+
+def check_source(args: argparse.Namespace) -> None:
+    """Cheap checks of the source flags, before a command binds, creates or discovers
+    anything: a missing root or file, an unknown fake machine or probe. ValueError with
+    one line naming the flag."""
+    check_node_name(args)
+    probe_list(getattr(args, "probes", None))
+    inventory = getattr(args, "inventory", None)
+    gathered = getattr(args, "gathered", None)
+    fake = getattr(args, "fake", None)
+    if inventory:
+        read_inventory_file(inventory)
+    elif gathered:
+        if not os.path.isfile(gathered):
+            raise ValueError(f"--gathered {gathered}: no such file")
+    elif fake:
+        check_fake(fake)
+    else:
+        root = host_root(getattr(args, "root", None))
+        if not os.path.isdir(root):
+            flag = "--root" if getattr(args, "root", None) else "$HOST_ROOT"
+            raise ValueError(f"{flag} {root}: no such directory")
+
+
+def check_fake(fake: str) -> None:
+    """An unknown machine name, a missing machine file, or one that is not YAML."""
+    from discovery.fake import machine_path
+
+    if not (fake.endswith((".yaml", ".yml")) or "/" in fake):
+        machine_path(fake)  # ValueError listing the shipped machines
+        return
+    import yaml
+
+    from driver.config import yaml_error_line
+
+    try:
+        with open(fake, encoding="utf-8") as fh:
+            yaml.safe_load(fh)
+    except OSError as exc:
+        raise ValueError(f"--fake {fake}: {exc.strerror or exc}") from exc
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise ValueError(f"--fake {fake}: not valid YAML: {yaml_error_line(exc)}") from exc
+
+
+def read_inventory_file(path: str) -> Inventory:
+    """A saved ``toposlice discover -o json``; ValueError naming the file when it is not one."""
+    import json
+
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except OSError as exc:
+        raise ValueError(f"--inventory {path}: {exc.strerror or exc}") from exc
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+        raise ValueError(f"--inventory {path}: not JSON: {exc}") from exc
+    if not isinstance(data, dict) or "schema" not in data:
+        raise ValueError(
+            f'--inventory {path}: not a toposlice inventory (no "schema" key; '
+            "save one with `toposlice discover -o json`)"
+        )
+    try:
+        return Inventory.from_dict(data)
+    except (TypeError, ValueError, KeyError, AttributeError) as exc:
+        raise ValueError(f"--inventory {path}: {exc}") from exc
+
+
 def load_inventory(args: argparse.Namespace) -> Inventory:
     """One inventory from the source the flags name."""
     return inventory_loader(args)()
@@ -91,14 +221,11 @@ def inventory_loader(args: argparse.Namespace) -> Callable[[], Inventory]:
         path = args.inventory
 
         def from_file() -> Inventory:
-            import json
-
-            with open(path, encoding="utf-8") as fh:
-                return Inventory.from_dict(json.load(fh))
+            return read_inventory_file(path)
 
         return from_file
 
-    probes = [p.strip() for p in args.probes.split(",") if p.strip()] if args.probes else None
+    probes = probe_list(args.probes)
     gathered = getattr(args, "gathered", None)
     if gathered:
 
