@@ -1,0 +1,420 @@
+"""NodeResourceTopology and NFD NodeFeature objects: valid against the real CRDs' schemas,
+zones equal to the inventory, valid label keys and values, and the writer's
+0-writes-in-steady-state / 1-write-per-change rules."""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+from hypothesis import given
+from hypothesis import strategies as st
+from kubernetes.client.exceptions import ApiException
+
+import driver.topology_objects as topo
+from discovery.model import Inventory
+from driver.config import ConfigError, add_driver_args, load_config
+from driver.topology_objects import (
+    NODE_FEATURE_KIND,
+    NRT_KIND,
+    ObjectError,
+    TopologyObjectWriter,
+)
+from normalize.node_feature import (
+    NODE_NAME_LABEL,
+    build_node_feature,
+    is_label_value,
+    label_safe,
+    topology_labels,
+)
+from normalize.nrt import build_nrt, device_counts, topology_policy
+from normalize.options import NormalizeOptions
+from normalize.validation import is_dns_subdomain
+from tests.driver_support import snapshot
+
+CRDS = Path(__file__).resolve().parent.parent / "charts" / "toposlice" / "crds-optional"
+MACHINES = ["dgx-h100", "gb200-nvl72-tray", "mi300x-8", "cpu-2s"]
+NODE = "node-a"
+
+
+def crd_schema(file: str, version: str) -> dict[str, Any]:
+    crd = yaml.safe_load((CRDS / file).read_text())
+    for v in crd["spec"]["versions"]:
+        if v["name"] == version:
+            schema: dict[str, Any] = v["schema"]["openAPIV3Schema"]
+            return schema
+    raise AssertionError(f"{file} has no version {version}")
+
+
+def unknown_fields(obj: Any, schema: dict[str, Any], path: str = "") -> list[str]:
+    """Fields the API server would prune (not in the structural schema)."""
+    out: list[str] = []
+    if isinstance(obj, dict):
+        props = schema.get("properties")
+        extra = schema.get("additionalProperties")
+        if schema.get("x-kubernetes-preserve-unknown-fields") or path.endswith(".metadata"):
+            return out
+        for key, value in obj.items():
+            if props is not None and key in props:
+                out += unknown_fields(value, props[key], f"{path}.{key}")
+            elif isinstance(extra, dict):
+                out += unknown_fields(value, extra, f"{path}.{key}")
+            else:
+                out.append(f"{path}.{key}")
+    elif isinstance(obj, list) and "items" in schema:
+        for i, item in enumerate(obj):
+            out += unknown_fields(item, schema["items"], f"{path}[{i}]")
+    return out
+
+
+def check_against(obj: dict[str, Any], schema: dict[str, Any]) -> None:
+    jsonschema.validate(obj, schema)
+    assert unknown_fields(obj, schema) == []
+
+
+# -- NodeResourceTopology ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("machine", MACHINES)
+def test_nrt_validates_and_matches_inventory(machine: str) -> None:
+    inv = snapshot(machine).inventory
+    obj = build_nrt(inv, NODE, policy="single-numa-node", scope="pod")
+    check_against(obj, crd_schema("noderesourcetopologies.yaml", "v1alpha2"))
+    assert obj["apiVersion"] == "topology.node.k8s.io/v1alpha2"
+    assert obj["metadata"]["name"] == NODE
+    zones = {z["name"]: z for z in obj["zones"]}
+    counts = device_counts(inv)
+    for node in inv.numa_nodes:
+        zone = zones.get(f"node-{node.id}")
+        if not (node.cpus or node.memory_bytes or counts.get(node.id)):
+            assert zone is None  # empty placeholder nodes are left out
+            continue
+        assert zone is not None and zone["type"] == "Node"
+        res = {r["name"]: r for r in zone["resources"]}
+        assert res["cpu"]["capacity"] == str(len(node.cpus))
+        if node.memory_bytes:
+            assert int(res["memory"]["allocatable"]) == node.memory_bytes
+        for r in res.values():
+            assert r["capacity"] == r["allocatable"] == r["available"]
+        costs = {c["name"]: c["value"] for c in zone.get("costs", [])}
+        assert costs == {f"node-{k}": v for k, v in node.distances.items() if f"node-{k}" in zones}
+    gpus = sum(
+        int(r["capacity"])
+        for z in obj["zones"]
+        for r in z["resources"]
+        if r["name"].endswith("/gpu")
+    )
+    nics = sum(
+        int(r["capacity"])
+        for z in obj["zones"]
+        for r in z["resources"]
+        if r["name"].endswith("/nic")
+    )
+    located = [g for g in inv.gpus if (p := inv.pci(g.bus_id)) and p.numa_node is not None]
+    assert gpus == len(located)
+    assert nics == sum(1 for n in inv.nics if not n.is_vf)
+    assert sum(int(z["resources"][0]["capacity"]) for z in obj["zones"]) == len(inv.cpus)
+    attrs = {a["name"]: a["value"] for a in obj["attributes"]}
+    assert attrs == {"topologyManagerPolicy": "single-numa-node", "topologyManagerScope": "pod"}
+    assert obj["topologyPolicies"] == ["SingleNUMANodePodLevel"]
+
+
+def test_nrt_gpu_memory_zones_on_gb200() -> None:
+    inv = snapshot("gb200-nvl72-tray").inventory
+    obj = build_nrt(inv, NODE)
+    memory_zones = {
+        a["value"]: z["name"]
+        for z in obj["zones"]
+        for a in z.get("attributes", [])
+        if a["name"] == "memory-of-gpu"
+    }
+    assert memory_zones == {g.bus_id: f"node-{g.memory_numa_node}" for g in inv.gpus}
+    assert "attributes" not in obj and "topologyPolicies" not in obj
+
+
+def test_nrt_gpu_lost_changes_one_zone() -> None:
+    inv = Inventory.from_dict(snapshot("dgx-h100").inventory.to_dict())
+    before = build_nrt(inv, NODE)
+    inv.gpus = inv.gpus[1:]
+    after = build_nrt(inv, NODE)
+    changed = [a["name"] for a, b in zip(before["zones"], after["zones"], strict=True) if a != b]
+    assert len(changed) == 1
+
+
+def test_nrt_rejects_unknown_policy() -> None:
+    with pytest.raises(ValueError, match="policy"):
+        build_nrt(snapshot("cpu-2s").inventory, NODE, policy="strict")
+    assert topology_policy("none", "pod") == "None"
+    assert topology_policy("restricted", "container") == "RestrictedContainerLevel"
+
+
+# -- NodeFeature --------------------------------------------------------------------------
+
+_LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+
+
+def label_key_ok(key: str) -> bool:
+    prefix, sep, name = key.rpartition("/")
+    if sep and not (is_dns_subdomain(prefix) and len(prefix) <= 253):
+        return False
+    return 0 < len(name) <= 63 and bool(_LABEL_NAME.match(name))
+
+
+@pytest.mark.parametrize("machine", MACHINES)
+def test_node_feature_validates_and_labels_are_valid(machine: str) -> None:
+    inv = snapshot(machine).inventory
+    obj = build_node_feature(inv, NODE, "toposlice")
+    check_against(obj, crd_schema("nodefeatures.yaml", "v1alpha1"))
+    meta = obj["metadata"]
+    assert meta["labels"][NODE_NAME_LABEL] == NODE and meta["namespace"] == "toposlice"
+    labels = obj["spec"]["labels"]
+    for key, value in {**labels, **meta["labels"]}.items():
+        assert label_key_ok(key), key
+        assert is_label_value(value), (key, value)
+    assert all(k.startswith("toposlice.dev/") for k in labels)
+    if not inv.gpus:
+        assert labels == {}
+        return
+    assert labels["toposlice.dev/gpu.count"] == str(len(inv.gpus))
+    cliques = {g.fabric.clique for g in inv.gpus if g.fabric is not None}
+    if cliques and None not in cliques and len(cliques) == 1:
+        assert labels["toposlice.dev/gpu.clique"] == cliques.pop()
+        assert labels["toposlice.dev/nvlink-domain"] == labels["toposlice.dev/gpu.clique"]
+    else:
+        assert "toposlice.dev/gpu.clique" not in labels
+        assert labels["toposlice.dev/nvlink-domain"] == NODE
+
+
+def test_node_feature_topology_facts() -> None:
+    dgx = topology_labels(snapshot("dgx-h100").inventory, NODE)
+    # Each H100 has a ConnectX-7 behind its own PCIe switch: 8 rails, aligned below the root.
+    assert dgx["rail-count"] == "8" and dgx["gpu-nic-alignment"] == "pxb"
+    assert dgx["gpus-per-numa"] == "4" and dgx["gpu-numa-nodes"] == "2"
+    assert dgx["gpu.model"] == "NVIDIA-H100-80GB-HBM3"
+    gb200 = topology_labels(snapshot("gb200-nvl72-tray").inventory, NODE)
+    assert gb200["gpu-nic-alignment"] == "sys"  # nvidia-smi topo -m says SYS (real capture)
+    cloud = topology_labels(snapshot("cloud-vm-1gpu").inventory, NODE)
+    assert cloud["gpu-nic-alignment"] == "none" and cloud["rail-count"] == "0"
+
+
+def test_node_feature_refuses_long_node_name() -> None:
+    with pytest.raises(ValueError, match="63"):
+        build_node_feature(snapshot("cpu-2s").inventory, "n" * 64, "toposlice")
+
+
+@given(st.text(max_size=200))
+def test_label_safe_always_valid(text: str) -> None:
+    value = label_safe(text)
+    assert is_label_value(value)
+
+
+def test_label_safe_keeps_distinct_long_values_distinct() -> None:
+    a, b = "x" * 80 + "a", "x" * 80 + "b"
+    assert label_safe(a) != label_safe(b) and len(label_safe(a)) <= 63
+
+
+# -- the writer ---------------------------------------------------------------------------
+
+
+def _api_error(status: int, message: str = "") -> ApiException:
+    exc = ApiException(status=status, reason=message or str(status))
+    exc.body = json.dumps({"kind": "Status", "message": message})
+    return exc
+
+
+class FakeApi:
+    """Objects by path; counts requests; optional CRD absence and one-shot conflicts."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, dict[str, Any]] = {}
+        self.requests: list[tuple[str, str]] = []
+        self.crd_installed = True
+        self.conflicts = 0
+        self.rv = 0
+        self.node_uid = "uid-1"
+
+    def writes(self) -> int:
+        """Writes the server carried out (failed attempts are not counted)."""
+        return self.rv
+
+    def request(
+        self, _client: Any, method: str, path: str, body: Any = None, query: Any = None
+    ) -> Any:
+        self.requests.append((method, path))
+        if not self.crd_installed:
+            raise _api_error(404, "the server could not find the requested resource")
+        if method == "GET":
+            if path not in self.objects:
+                raise _api_error(404, "not found")
+            return copy.deepcopy(self.objects[path])
+        if method == "POST":
+            full = f"{path}/{body['metadata']['name']}"
+            if full in self.objects:
+                raise _api_error(409, "already exists")
+            return self._store(full, body)
+        if method == "PUT":
+            if self.conflicts:
+                self.conflicts -= 1
+                raise _api_error(409, "the object has been modified")
+            if (
+                body["metadata"].get("resourceVersion")
+                != self.objects[path]["metadata"]["resourceVersion"]
+            ):
+                raise _api_error(409, "stale resourceVersion")
+            return self._store(path, body)
+        raise AssertionError(method)
+
+    def _store(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        self.rv += 1
+        obj = copy.deepcopy(body)
+        obj["metadata"]["resourceVersion"] = str(self.rv)
+        obj["metadata"].setdefault("uid", f"obj-{self.rv}")
+        self.objects[path] = obj
+        return copy.deepcopy(obj)
+
+    def get_node(self, _client: Any, name: str) -> dict[str, Any]:
+        return {"metadata": {"name": name, "uid": self.node_uid}}
+
+
+@pytest.fixture
+def api(monkeypatch: pytest.MonkeyPatch) -> FakeApi:
+    fake = FakeApi()
+    monkeypatch.setattr(topo, "request_json", fake.request)
+    monkeypatch.setattr(topo, "get_node", fake.get_node)
+    return fake
+
+
+def _writer(kind: Any) -> TopologyObjectWriter:
+    return TopologyObjectWriter(object(), kind, NODE, backoff_base=0.01, backoff_max=0.05)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("kind", [NRT_KIND, NODE_FEATURE_KIND])
+def test_writer_zero_writes_in_steady_state_one_per_change(api: FakeApi, kind: Any) -> None:
+    inv = Inventory.from_dict(snapshot("dgx-h100").inventory.to_dict())
+
+    def desired() -> dict[str, Any]:
+        if kind is NRT_KIND:
+            return build_nrt(inv, NODE)
+        return build_node_feature(inv, NODE, "toposlice")
+
+    w = _writer(kind)
+    w.set_desired(desired())
+    assert w.reconcile() == 1 and api.writes() == 1
+    (path,) = api.objects
+    owner = api.objects[path]["metadata"]["ownerReferences"]
+    assert owner == [
+        {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": "uid-1", "controller": True}
+    ]
+    for _ in range(5):
+        assert w.reconcile() == 0
+    assert api.writes() == 1
+    # A restarted driver (new writer, same hardware) writes nothing either.
+    w2 = _writer(kind)
+    w2.set_desired(desired())
+    assert w2.reconcile() == 0 and api.writes() == 1
+    # A GPU lost: exactly one write.
+    inv.gpus = inv.gpus[1:]
+    assert w.set_desired(desired()) is True
+    assert w.reconcile() == 1 and api.writes() == 2
+    assert w.reconcile() == 0 and api.writes() == 2
+    assert w.writes == {"create": 1, "update": 1}
+
+
+def test_writer_restores_edited_and_deleted_object(api: FakeApi) -> None:
+    w = _writer(NRT_KIND)
+    w.set_desired(build_nrt(snapshot("cpu-2s").inventory, NODE))
+    w.reconcile()
+    (path,) = api.objects
+    api.objects[path]["zones"] = []
+    api.objects[path]["metadata"]["labels"]["team"] = "x"
+    assert w.reconcile() == 1
+    assert api.objects[path]["zones"] and api.objects[path]["metadata"]["labels"]["team"] == "x"
+    del api.objects[path]
+    assert w.reconcile() == 1 and path in api.objects
+
+
+def test_writer_never_overwrites_a_foreign_object(api: FakeApi) -> None:
+    obj = build_nrt(snapshot("cpu-2s").inventory, NODE)
+    foreign = copy.deepcopy(obj)
+    foreign["metadata"] = {"name": NODE, "resourceVersion": "7", "labels": {}}
+    api.objects[f"{NRT_KIND.collection(None)}/{NODE}"] = foreign
+    w = _writer(NRT_KIND)
+    w.set_desired(obj)
+    with pytest.raises(ObjectError, match="not labelled"):
+        w.reconcile()
+    assert api.writes() == 0
+
+
+def test_writer_conflict_rereads_and_missing_crd_says_so(api: FakeApi) -> None:
+    w = _writer(NRT_KIND)
+    inv = Inventory.from_dict(snapshot("dgx-h100").inventory.to_dict())
+    w.set_desired(build_nrt(inv, NODE))
+    w.reconcile()
+    inv.gpus = inv.gpus[2:]
+    w.set_desired(build_nrt(inv, NODE))
+    api.conflicts = 1
+    assert w.reconcile() == 1
+    assert [m for m, _ in api.requests].count("PUT") == 2
+    api.crd_installed = False
+    w.set_desired(build_nrt(snapshot("cpu-2s").inventory, NODE))
+    with pytest.raises(ObjectError, match="CRD installed"):
+        w.reconcile()
+
+
+def test_writer_loop_waits_out_failures(api: FakeApi) -> None:
+    api.crd_installed = False
+    w = _writer(NODE_FEATURE_KIND)
+    w.set_desired(build_node_feature(snapshot("cpu-2s").inventory, NODE, "ns"))
+    w.start()
+    try:
+        assert not w.wait_synced(0.3) and "CRD installed" in w.last_error
+        api.crd_installed = True
+        assert w.wait_synced(5.0)
+        assert api.writes() == 1 and w.last_error == ""
+    finally:
+        w.stop()
+
+
+# -- flags --------------------------------------------------------------------------------
+
+
+def _config(argv: list[str], tmp_path: Path) -> Any:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text("apiVersion: v1\nclusters: []\ncontexts: []\nusers: []\n")
+    p = argparse.ArgumentParser()
+    add_driver_args(p)
+    args = p.parse_args(["--node-name", NODE, "--kubeconfig", str(kubeconfig), *argv])
+    return load_config(args, "/", False, NormalizeOptions())
+
+
+def test_flags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("POD_NAMESPACE", raising=False)
+    monkeypatch.delenv("NODE_FEATURE_NAMESPACE", raising=False)
+    cfg = _config([], tmp_path)
+    assert not cfg.nrt and not cfg.node_feature
+    cfg = _config(
+        [
+            "--nrt",
+            "--topology-manager-policy",
+            "restricted",
+            "--node-feature",
+            "--node-feature-namespace",
+            "toposlice",
+        ],
+        tmp_path,
+    )
+    assert cfg.nrt and cfg.topology_manager_policy == "restricted"
+    assert cfg.node_feature and cfg.node_feature_namespace == "toposlice"
+    with pytest.raises(ConfigError, match="need --nrt"):
+        _config(["--topology-manager-scope", "pod"], tmp_path)
+    with pytest.raises(ConfigError, match="namespace"):
+        _config(["--node-feature"], tmp_path)
+    monkeypatch.setenv("POD_NAMESPACE", "from-env")
+    assert _config(["--node-feature"], tmp_path).node_feature_namespace == "from-env"
