@@ -1,11 +1,15 @@
 """kube-scheduler extender: ``filter`` and ``prioritize`` over nodes' topology graphs.
 
-Wire format (k8s.io/kube-scheduler ``extender/v1``): kube-scheduler POSTs ExtenderArgs
-``{"pod": Pod, "nodes": NodeList}`` (or ``"nodenames": [...]`` when the extender is
-``nodeCacheCapable``) to ``<urlPrefix>/<filterVerb>`` and ``<urlPrefix>/<prioritizeVerb>``.
-Filter answers ExtenderFilterResult ``{"nodes" | "nodenames", "failedNodes",
-"failedAndUnresolvableNodes", "error"}``; prioritize answers a HostPriorityList
-``[{"host": name, "score": 0..10}]`` (MaxExtenderPriority = 10).
+Wire format (k8s.io/kube-scheduler ``extender/v1``): kube-scheduler POSTs ExtenderArgs to
+``<urlPrefix>/<filterVerb>`` and ``<urlPrefix>/<prioritizeVerb>``. Those Go types carry no
+JSON tags, so the real scheduler sends Go's field names, capitalised:
+``{"Pod": Pod, "Nodes": NodeList, "NodeNames": null}`` (``"Nodes": null, "NodeNames": [...]``
+when the extender is ``nodeCacheCapable``). Keys are matched as Go's decoder matches them
+(exact first, then without regard to case), so lowercase senders work too. The answers use
+the same Go field names: ExtenderFilterResult ``{"Nodes", "NodeNames", "FailedNodes",
+"FailedAndUnresolvableNodes", "Error"}`` and HostPriorityList ``[{"Host": name, "Score":
+0..10}]`` (MaxExtenderPriority = 10). The Pod and NodeList inside are ordinary API objects
+(lowercase keys).
 
 The pod's workload comes from its ``toposlice.dev/workload`` annotation (a request document,
 as for ``toposlice score``); missing fields — the GPU and NIC counts — are read from the pod's
@@ -161,10 +165,10 @@ class Extender:
     # -- verbs -----------------------------------------------------------------------------
 
     def _nodes(self, args: dict[str, Any]) -> tuple[list[dict[str, Any]], bool]:
-        nodes = (args.get("nodes") or {}).get("items")
+        nodes = (wire_field(args, "Nodes") or {}).get("items")
         if nodes is not None:
             return list(nodes), False
-        names = args.get("nodenames") or []
+        names = wire_field(args, "NodeNames") or []
         return [{"metadata": {"name": n}} for n in names], True
 
     def _best(self, node: dict[str, Any], req: Request, occ: Occupancy) -> tuple[float, str]:
@@ -182,9 +186,9 @@ class Extender:
     def filter(self, args: dict[str, Any]) -> dict[str, Any]:
         nodes, by_name = self._nodes(args)
         try:
-            req = self.workload(args.get("pod") or {})
+            req = self.workload(wire_field(args, "Pod") or {})
         except ValueError as exc:
-            return {"error": str(exc)}
+            return _filter_result([], {}, by_name, error=str(exc))
         if req is None:
             return _filter_result(nodes, {}, by_name)
         occ = self.occupancy()
@@ -201,7 +205,7 @@ class Extender:
     def prioritize(self, args: dict[str, Any]) -> list[dict[str, Any]]:
         nodes, _ = self._nodes(args)
         try:
-            req = self.workload(args.get("pod") or {})
+            req = self.workload(wire_field(args, "Pod") or {})
         except ValueError:
             req = None
         out = []
@@ -209,23 +213,43 @@ class Extender:
         for node in nodes:
             name = str(node["metadata"]["name"])
             if req is None:
-                out.append({"host": name, "score": 0})
+                out.append({"Host": name, "Score": 0})
                 continue
             score, _ = self._best(node, req, occ)
             value = 0 if score < 0 else round(max(0.0, min(100.0, score)) / 10.0)
-            out.append({"host": name, "score": int(min(MAX_EXTENDER_PRIORITY, value))})
+            out.append({"Host": name, "Score": int(min(MAX_EXTENDER_PRIORITY, value))})
         return out
 
 
+def wire_field(args: dict[str, Any], name: str) -> Any:
+    """``args[name]`` matched as Go's encoding/json matches a struct field: the exact key
+    first, else the first key equal to it without regard to case (``Pod``/``pod``)."""
+    if name in args:
+        return args[name]
+    folded = name.casefold()
+    for key, value in args.items():
+        if isinstance(key, str) and key.casefold() == folded:
+            return value
+    return None
+
+
 def _filter_result(
-    nodes: list[dict[str, Any]], failed: dict[str, str], by_name: bool
+    nodes: list[dict[str, Any]], failed: dict[str, str], by_name: bool, error: str = ""
 ) -> dict[str, Any]:
-    out: dict[str, Any] = {"failedNodes": failed, "failedAndUnresolvableNodes": {}, "error": ""}
-    if by_name:
-        out["nodenames"] = [str(n["metadata"]["name"]) for n in nodes]
-    else:
-        out["nodes"] = {"apiVersion": "v1", "kind": "NodeList", "metadata": {}, "items": nodes}
-    return out
+    """ExtenderFilterResult as Go marshals it: every field, nil pointers as null."""
+    names = [str(n["metadata"]["name"]) for n in nodes] if by_name else None
+    node_list = (
+        None
+        if by_name
+        else {"apiVersion": "v1", "kind": "NodeList", "metadata": {}, "items": nodes}
+    )
+    return {
+        "Nodes": node_list,
+        "NodeNames": names,
+        "FailedNodes": failed,
+        "FailedAndUnresolvableNodes": {},
+        "Error": error,
+    }
 
 
 # ------------------------------------------------------------------ Kubernetes access
@@ -344,7 +368,7 @@ def make_server(ext: Extender, host: str, port: int) -> ThreadingHTTPServer:
                     self._send(404, {"error": f"unknown verb {verb!r}"})
             except Exception as exc:  # a bad pod or graph must not kill the server
                 log.exception("extender %s failed", verb)
-                body: Any = {"error": str(exc)} if verb == "filter" else []
+                body: Any = _filter_result([], {}, True, error=str(exc)) if verb == "filter" else []
                 self._send(200 if verb == "filter" else 500, body)
 
     return ThreadingHTTPServer((host, port), Handler)
