@@ -12,6 +12,7 @@ import argparse
 import dataclasses
 import os
 from dataclasses import dataclass
+from typing import TypedDict
 
 from normalize.options import NormalizeOptions
 from normalize.validation import driver_name_errors, is_dns_subdomain
@@ -56,6 +57,13 @@ class DaemonConfig:
     startup_timeout: float = 10.0
     log_format: str = "text"
     log_level: str = "info"
+    nrt: bool = False
+    """Keep the node's NodeResourceTopology (``--nrt``)."""
+    topology_manager_policy: str | None = None
+    topology_manager_scope: str | None = None
+    node_feature: bool = False
+    """Keep the node's NFD NodeFeature (``--node-feature``)."""
+    node_feature_namespace: str | None = None
 
 
 def parse_http_addr(addr: str, flag: str = "--http-addr") -> tuple[str, int]:
@@ -219,6 +227,44 @@ def add_driver_args(p: argparse.ArgumentParser) -> None:
         default=(_env("LOG_LEVEL", "info") or "info").lower(),
         help="($LOG_LEVEL; default %(default)s)",
     )
+    _add_integration_args(p)
+
+
+def _add_integration_args(p: argparse.ArgumentParser) -> None:
+    """Objects for schedulers that do not read DRA slices (docs/integrations.md)."""
+    from normalize.nrt import POLICIES, SCOPES
+
+    g = p.add_argument_group("integrations")
+    g.add_argument(
+        "--nrt",
+        action="store_true",
+        default=_env("NRT", "") in ("1", "true"),
+        help="keep the node's NodeResourceTopology (topology.node.k8s.io/v1alpha2) ($NRT=true)",
+    )
+    g.add_argument(
+        "--topology-manager-policy",
+        choices=POLICIES,
+        default=_env("TOPOLOGY_MANAGER_POLICY"),
+        help="the kubelet's --topology-manager-policy, written into the NRT object",
+    )
+    g.add_argument(
+        "--topology-manager-scope",
+        choices=SCOPES,
+        default=_env("TOPOLOGY_MANAGER_SCOPE"),
+        help="the kubelet's --topology-manager-scope, written into the NRT object",
+    )
+    g.add_argument(
+        "--node-feature",
+        action="store_true",
+        default=_env("NODE_FEATURE", "") in ("1", "true"),
+        help="keep the node's NFD NodeFeature (toposlice.dev/ labels) ($NODE_FEATURE=true)",
+    )
+    g.add_argument(
+        "--node-feature-namespace",
+        default=_env("NODE_FEATURE_NAMESPACE", _env("POD_NAMESPACE")),
+        metavar="NS",
+        help="namespace of the NodeFeature ($NODE_FEATURE_NAMESPACE, else $POD_NAMESPACE)",
+    )
 
 
 def node_name_errors(name: str | None, flag: str = "--node-name") -> list[str]:
@@ -311,4 +357,43 @@ def load_config(
         startup_timeout=args.startup_timeout,
         log_format=args.log_format,
         log_level=args.log_level,
+        **_integration_config(args),
     )
+
+
+class _Integrations(TypedDict):
+    nrt: bool
+    topology_manager_policy: str | None
+    topology_manager_scope: str | None
+    node_feature: bool
+    node_feature_namespace: str | None
+
+
+def _integration_config(args: argparse.Namespace) -> _Integrations:
+    from normalize.node_feature import is_label_value
+    from normalize.validation import is_dns_label
+
+    nrt = bool(getattr(args, "nrt", False))
+    policy = getattr(args, "topology_manager_policy", None)
+    scope = getattr(args, "topology_manager_scope", None)
+    if (policy or scope) and not nrt:
+        raise ConfigError("--topology-manager-policy/--topology-manager-scope need --nrt")
+    node_feature = bool(getattr(args, "node_feature", False))
+    namespace = getattr(args, "node_feature_namespace", None) or None
+    if node_feature:
+        if not namespace:
+            raise ConfigError("--node-feature needs --node-feature-namespace (or $POD_NAMESPACE)")
+        if not is_dns_label(namespace):
+            raise ConfigError(f"--node-feature-namespace {namespace!r} is not a DNS-1123 label")
+        if not is_label_value(args.node_name):
+            raise ConfigError(
+                f"--node-feature: node name {args.node_name!r} is longer than 63 characters, "
+                "too long for NFD's nfd.node.kubernetes.io/node-name label"
+            )
+    return {
+        "nrt": nrt,
+        "topology_manager_policy": policy,
+        "topology_manager_scope": scope,
+        "node_feature": node_feature,
+        "node_feature_namespace": namespace,
+    }

@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from .publisher import SlicePublisher
     from .registration import Registrar
     from .state import DriverState
+    from .topology_objects import TopologyObjectWriter
 
 log = logging.getLogger("toposlice.daemon")
 
@@ -146,6 +147,8 @@ class Daemon:
         self.dra: DraServer | None = None
         self.registrar: Registrar | None = None
         self.publisher: SlicePublisher | None = None
+        self.topology_writers: list[TopologyObjectWriter] = []
+        """NodeResourceTopology / NodeFeature writers (``--nrt``, ``--node-feature``)."""
         self.http: Any = None
         self.metrics: Any = None
         self.debouncer: Debouncer | None = None
@@ -167,6 +170,7 @@ class Daemon:
                 reg.error if reg is not None else "",
                 pub.last_error if pub is not None else "",
                 self.last_discovery_error,
+                *(w.last_error for w in self.topology_writers),
             )
             if e
         ]
@@ -179,6 +183,7 @@ class Daemon:
                 "driver": self.cfg.driver_name,
                 "pool_generation": pub.generation if pub is not None else 0,
                 "slice_writes": dict(pub.writes) if pub is not None else {},
+                **{f"{w.kind.plural}_writes": dict(w.writes) for w in self.topology_writers},
                 "uptime_s": round(time.monotonic() - self.started_at, 1),
             },
         )
@@ -286,6 +291,7 @@ class Daemon:
             self.publisher.on_write = lambda op, err, ok: metrics.slice_write(op, err, ok=ok)
         self._publish_desired()
         self.publisher.start()
+        self._start_topology_objects()
         self._spawn(self._health_pump, "health-pump")
         for source in self.event_sources:
             self._spawn(self._event_loop_for(source), "health-events")
@@ -319,6 +325,52 @@ class Daemon:
         t.start()
         self._threads.append(t)
 
+    def _start_topology_objects(self) -> None:
+        """The NRT / NodeFeature writers the flags ask for (docs/integrations.md)."""
+        cfg = self.cfg
+        if not (cfg.nrt or cfg.node_feature) or self.client is None:
+            return
+        from .topology_objects import NODE_FEATURE_KIND, NRT_KIND, TopologyObjectWriter
+
+        kinds = ([NRT_KIND] if cfg.nrt else []) + ([NODE_FEATURE_KIND] if cfg.node_feature else [])
+        for kind in kinds:
+            self.topology_writers.append(
+                TopologyObjectWriter(
+                    self.client, kind, cfg.node_name, resync_seconds=cfg.resync_interval
+                )
+            )
+        if self._snap is not None:
+            self._set_topology_objects(self._snap)
+        for writer in self.topology_writers:
+            writer.start()
+
+    def _set_topology_objects(self, snap: Snapshot) -> None:
+        from .topology_objects import NRT_KIND
+
+        cfg = self.cfg
+        for writer in self.topology_writers:
+            try:
+                if writer.kind is NRT_KIND:
+                    from normalize.nrt import build_nrt
+
+                    obj = build_nrt(
+                        snap.inventory,
+                        cfg.node_name,
+                        driver=cfg.driver_name,
+                        policy=cfg.topology_manager_policy,
+                        scope=cfg.topology_manager_scope,
+                    )
+                else:
+                    from normalize.node_feature import build_node_feature
+
+                    obj = build_node_feature(
+                        snap.inventory, cfg.node_name, cfg.node_feature_namespace or ""
+                    )
+            except ValueError as exc:  # checked at start; a bad inventory keeps the last one
+                log.error("%s not updated: %s", writer.kind.name, exc)
+                continue
+            writer.set_desired(obj)
+
     # -- loops ---------------------------------------------------------------------------
 
     def _publish_desired(self) -> None:
@@ -347,6 +399,7 @@ class Daemon:
         self.health_monitor.update_snapshot(snap)
         changed = old is None or list(old.devices) != list(snap.devices)
         self._publish_desired()
+        self._set_topology_objects(snap)
         log.debug("rediscovery took %.2f s", time.monotonic() - started)
         if changed:
             log.info("devices changed: %d device(s) now", len(snap.devices))
@@ -415,6 +468,8 @@ class Daemon:
             self.debouncer.stop()
         if self.publisher is not None:
             self.publisher.stop()
+        for writer in self.topology_writers:
+            writer.stop()
         if self.http is not None:
             self.http.stop()
         for t in self._threads:

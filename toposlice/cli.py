@@ -37,6 +37,7 @@ MODULE_COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("toposlice.cmd_serve", "serve the topology, metrics and page over HTTP"),
     "doctor": ("toposlice.cmd_doctor", "check other DRA drivers' slices against the hardware"),
     "run": ("toposlice.cmd_run", "run the DRA kubelet plugin (slices, claims, health)"),
+    "nccl-topo": ("toposlice.cmd_nccl_topo", "print the NCCL topology XML claims get"),
 }
 
 
