@@ -9,6 +9,13 @@ gRPC unlinks the path it bound when the server shuts down, whoever owns that pat
 then. So the server binds a hidden per-process name (the kubelet ignores dot files) and
 the socket is renamed onto the public name once it listens: the public name appears
 atomically, fully set up, and gRPC's own unlink at shutdown hits the old hidden name.
+
+A socket is stale only when nobody accepts connections on it. A live one belongs to
+another process serving the same driver on this node; replacing it would take over its
+kubelet registration, and that process (or ours, if our start then fails and removes
+what it bound) would leave the kubelet with no plugin at all: "DRA driver ... is not
+registered". So a live socket is never removed; the start fails with :class:`SocketInUse`
+(the kubelet restarts the container with back-off until the other one has gone).
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import contextlib
 import logging
 import os
 import secrets
+import socket
 import stat
 import threading
 from collections.abc import Callable
@@ -33,6 +41,28 @@ log = logging.getLogger(__name__)
 SOCKET_MODE = 0o660
 UNIX_PATH_MAX = 108
 _umask_lock = threading.Lock()
+#: How long a connect to an existing socket may take before it counts as live (a busy
+#: server with a full backlog); a stale file refuses at once.
+PROBE_TIMEOUT_S = 1.0
+
+
+class SocketInUse(FileExistsError):
+    """Another process accepts connections on the socket path."""
+
+
+def is_live(path: Path) -> bool:
+    """Whether some process accepts connections on the unix socket at ``path``."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(PROBE_TIMEOUT_S)
+    try:
+        probe.connect(str(path))
+    except TimeoutError:
+        return True
+    except OSError:  # refused (nobody listens), gone, not a socket
+        return False
+    finally:
+        probe.close()
+    return True
 
 
 def check_socket_path(path: Path) -> None:
@@ -43,13 +73,19 @@ def check_socket_path(path: Path) -> None:
 
 
 def remove_stale(path: Path) -> None:
-    """Unlink a socket file left at ``path``; refuse to touch anything that is not one."""
+    """Unlink a socket file left at ``path``; refuse to touch anything that is not one,
+    or a socket another process still serves (:class:`SocketInUse`)."""
     try:
         st = path.lstat()
     except FileNotFoundError:
         return
     if not stat.S_ISSOCK(st.st_mode):
         raise FileExistsError(f"{path} exists and is not a socket; not removing it")
+    if is_live(path):
+        raise SocketInUse(
+            f"{path} is served by another running process (a second instance of this "
+            "driver on this node?); not replacing it"
+        )
     log.info("removing stale socket %s", path)
     with contextlib.suppress(FileNotFoundError):
         path.unlink()
@@ -61,7 +97,9 @@ class SocketServer:
 
     server: grpc.Server
     path: Path
-    inode: int
+    inode: tuple[int, int]
+    """(inode, ctime ns) of the socket file: an inode number alone is reused at once on
+    tmpfs, so a successor's socket could pass for ours."""
     on_stop: Callable[[], None] | None = None
 
     def stop(self, grace: float | None = 5.0) -> None:
@@ -76,12 +114,16 @@ class SocketServer:
         return bool(self.server.wait_for_termination(timeout))
 
 
-def remove_own(path: Path, inode: int) -> None:
+def file_id(st: os.stat_result) -> tuple[int, int]:
+    return (st.st_ino, st.st_ctime_ns)
+
+
+def remove_own(path: Path, inode: tuple[int, int]) -> None:
     try:
         st = path.lstat()
     except FileNotFoundError:
         return
-    if stat.S_ISSOCK(st.st_mode) and st.st_ino == inode:
+    if stat.S_ISSOCK(st.st_mode) and file_id(st) == inode:
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
 
@@ -118,9 +160,9 @@ def serve_unix(
             os.umask(old)
     os.chmod(bind_path, SOCKET_MODE)
     server.start()
-    inode = bind_path.lstat().st_ino
     if bind_path != path:
-        os.replace(bind_path, path)
+        os.replace(bind_path, path)  # a rename changes the ctime: identify it after
+    inode = file_id(path.lstat())
     return SocketServer(server=server, path=path, inode=inode)
 
 
@@ -133,6 +175,8 @@ def remove_stale_binds(path: Path) -> None:
         return
     for entry in entries:
         if entry.startswith(prefix) and not _pid_alive(entry[len(prefix) :].split(".")[0]):
+            # PIDs of other containers' processes are not ours to judge: a live bind
+            # (another instance starting up right now) raises SocketInUse and stays.
             with contextlib.suppress(FileExistsError):
                 remove_stale(path.parent / entry)
 

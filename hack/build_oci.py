@@ -119,10 +119,14 @@ def wheel_platforms(arch: str) -> list[str]:
     return [arg for tag in tags for arg in ("--platform", tag)]
 
 
+#: The ``toposlice`` command, as pip writes console scripts: the guard matters, since the
+#: rediscovery helper is a ``spawn`` child that runs this file again as ``__mp_main__``;
+#: without it the child would start a second driver in the pod.
 LAUNCHER = f"""#!/usr/bin/{PY}
 import sys
 from toposlice.cli import main
-sys.exit(main())
+if __name__ == "__main__":
+    sys.exit(main())
 """
 
 
@@ -158,29 +162,29 @@ def cache_dir(arg: str | None) -> Path:
 # -- 1. the Debian root filesystem ---------------------------------------------------------
 
 
-def fetch_debs(cache: Path) -> list[Path]:
+def fetch_debs(cache: Path, packages: tuple[str, ...] = PACKAGES) -> list[Path]:
     """The packages' .deb files (the candidate versions of this host's apt lists)."""
     debs = cache / "debs"
     debs.mkdir(parents=True, exist_ok=True)
     have = {p.name.split("_", 1)[0]: p for p in debs.glob("*.deb")}
-    missing = [p for p in PACKAGES if p not in have]
+    missing = [p for p in packages if p not in have]
     if missing:
         log(f"apt-get download {len(missing)} package(s)")
         run(["apt-get", "download", *missing], cwd=debs)
         have = {p.name.split("_", 1)[0]: p for p in debs.glob("*.deb")}
-    lost = [p for p in PACKAGES if p not in have]
+    lost = [p for p in packages if p not in have]
     if lost:
         raise BuildError(f"apt-get download did not fetch {', '.join(lost)}")
-    return [have[p] for p in PACKAGES]
+    return [have[p] for p in packages]
 
 
-def unpack_debs(debs: list[Path], rootfs: Path) -> None:
+def unpack_debs(debs: list[Path], rootfs: Path, *, python: bool = True) -> None:
     for deb in debs:
         run(["dpkg", "-x", str(deb), str(rootfs)])
     for rel in PRUNE:
         shutil.rmtree(rootfs / rel, ignore_errors=True)
     # Debian's python3-minimal would add these; the image has only one interpreter.
-    for name in ("python3", "python"):
+    for name in ("python3", "python") if python else ():
         link = rootfs / "usr/bin" / name
         if not link.exists():
             link.symlink_to(PY)
@@ -189,13 +193,13 @@ def unpack_debs(debs: list[Path], rootfs: Path) -> None:
 # -- 2. the project and its wheels ---------------------------------------------------------
 
 
-def fetch_wheels(cache: Path, arch: str) -> Path:
-    """The project's wheel (built from this checkout) and its dependencies' wheels."""
+def fetch_wheels(cache: Path, arch: str, source: Path) -> Path:
+    """The project's wheel (built from ``source``) and its dependencies' wheels."""
     wheels = cache / "wheels"
     shutil.rmtree(wheels / "project", ignore_errors=True)
     (wheels / "project").mkdir(parents=True)
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
-    run([*pip, "wheel", "--no-deps", "-w", str(wheels / "project"), str(REPO)])
+    run([*pip, "wheel", "--no-deps", "-w", str(wheels / "project"), str(source)])
     project = next((wheels / "project").glob("toposlice-*.whl"))
     run(
         [
@@ -352,34 +356,45 @@ def _canon(obj: Any) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
 
 
-def image_config(arch: str, diff_id: str, created: str) -> dict[str, Any]:
-    """What the Dockerfile's runtime stage declares."""
+#: What the Dockerfile's runtime stage declares.
+TOPOSLICE_CONFIG: dict[str, Any] = {
+    "User": f"{UID}:{GID}",
+    "Entrypoint": ["toposlice"],
+    "Cmd": ["run"],
+    "Env": [
+        "PATH=/usr/local/bin:/usr/bin:/bin",
+        "PYTHONUNBUFFERED=1",
+        "PYTHONDONTWRITEBYTECODE=1",
+        "LANG=C.UTF-8",
+    ],
+    "Labels": {"org.opencontainers.image.source": "toposlice"},
+}
+
+
+def image_config(arch: str, diff_id: str, created: str, config: dict[str, Any]) -> dict[str, Any]:
     return {
         "created": created,
         "architecture": arch,
         "os": "linux",
-        "config": {
-            "User": f"{UID}:{GID}",
-            "Entrypoint": ["toposlice"],
-            "Cmd": ["run"],
-            "Env": [
-                "PATH=/usr/local/bin:/usr/bin:/bin",
-                "PYTHONUNBUFFERED=1",
-                "PYTHONDONTWRITEBYTECODE=1",
-                "LANG=C.UTF-8",
-            ],
-            "Labels": {"org.opencontainers.image.source": "toposlice"},
-        },
+        "config": config,
         "rootfs": {"type": "layers", "diff_ids": [diff_id]},
         "history": [{"created": created, "created_by": "hack/build_oci.py"}],
     }
 
 
-def write_image(layer: Path, diff_id: str, digest: str, size: int, name: str, out: Path) -> None:
+def write_image(
+    layer: Path,
+    diff_id: str,
+    digest: str,
+    size: int,
+    name: str,
+    out: Path,
+    config: dict[str, Any] = TOPOSLICE_CONFIG,
+) -> None:
     arch = deb_arch()
     mtime = int(os.environ.get("SOURCE_DATE_EPOCH", "0"))
     created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(mtime))
-    cfg_digest, cfg = _blob(_canon(image_config(arch, diff_id, created)))
+    cfg_digest, cfg = _blob(_canon(image_config(arch, diff_id, created, config)))
     manifest = {
         "schemaVersion": 2,
         "mediaType": "application/vnd.oci.image.manifest.v1+json",
@@ -446,7 +461,9 @@ def write_image(layer: Path, diff_id: str, digest: str, size: int, name: str, ou
 # -- main ----------------------------------------------------------------------------------
 
 
-def build(out: Path, name: str, cache: Path, work: Path | None = None) -> dict[str, Any]:
+def build(
+    out: Path, name: str, cache: Path, source: Path = REPO, work: Path | None = None
+) -> dict[str, Any]:
     """Build the image tarball; returns the figures it prints."""
     if ":" not in name.rsplit("/", 1)[-1] or "/" not in name:
         raise BuildError(f"--name {name!r}: give the fully qualified name, e.g. {DEFAULT_NAME}")
@@ -457,7 +474,7 @@ def build(out: Path, name: str, cache: Path, work: Path | None = None) -> dict[s
         rootfs.mkdir()
         unpack_debs(fetch_debs(cache), rootfs)
         base_mb = _du(rootfs) / 1e6
-        install_wheels(fetch_wheels(cache, arch), cache, rootfs)
+        install_wheels(fetch_wheels(cache, arch, source), cache, rootfs)
         add_user(rootfs)
         compiled = compile_bytecode(rootfs)
         smoked = smoke_test(rootfs)
@@ -481,6 +498,44 @@ def build(out: Path, name: str, cache: Path, work: Path | None = None) -> dict[s
     }
 
 
+#: ``--workload``: a stand-in for the examples' ``ubuntu:24.04`` on a node without a
+#: registry: bash (the examples run ``bash -c``) and busybox's tools, nothing else.
+WORKLOAD_PACKAGES = ("bash", "libc6", "libtinfo6", "busybox-static")
+WORKLOAD_CONFIG: dict[str, Any] = {
+    "Cmd": ["bash"],
+    "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
+}
+
+
+def build_workload(out: Path, name: str, cache: Path, work: Path | None = None) -> dict[str, Any]:
+    """A small image with bash and busybox's applets (``cat``, ``env``, ``grep``,
+    ``sleep``...) linked in ``/usr/local/bin``."""
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="toposlice-oci-", dir=work) as tmp:
+        rootfs = Path(tmp) / "rootfs"
+        rootfs.mkdir()
+        unpack_debs(fetch_debs(cache, WORKLOAD_PACKAGES), rootfs, python=False)
+        busybox = rootfs / "bin" / "busybox"
+        applets = run([str(busybox), "--list"]).stdout.split()
+        bindir = rootfs / "usr/local/bin"
+        bindir.mkdir(parents=True, exist_ok=True)
+        for applet in applets:
+            if not any((rootfs / d / applet).exists() for d in ("bin", "usr/bin", "sbin")):
+                (bindir / applet).symlink_to("/bin/busybox")
+        add_user(rootfs)
+        layer = Path(tmp) / "layer.tar.gz"
+        mtime = int(os.environ.get("SOURCE_DATE_EPOCH", "0"))
+        diff_id, digest, size = write_layer(rootfs, layer, mtime)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        write_image(layer, diff_id, digest, size, name, out, WORKLOAD_CONFIG)
+    return {
+        "image": name,
+        "tarball": str(out),
+        "tarball_mb": round(out.stat().st_size / 1e6, 1),
+        "build_s": round(time.monotonic() - started, 1),
+    }
+
+
 def _du(root: Path) -> int:
     total = 0
     for path in _walk(root):
@@ -494,9 +549,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-o", "--output", default="toposlice-image.tar", help="OCI tarball to write")
     ap.add_argument("--name", default=DEFAULT_NAME, help="fully qualified image name")
     ap.add_argument("--cache", help="download cache (default ~/.cache/toposlice/oci-build)")
+    ap.add_argument(
+        "--source", default=str(REPO), help="project tree to install (default: this checkout)"
+    )
+    ap.add_argument(
+        "--workload",
+        action="store_true",
+        help="build the examples' stand-in workload image (bash + busybox) instead",
+    )
     ns = ap.parse_args(argv)
     try:
-        figures = build(Path(ns.output).absolute(), ns.name, cache_dir(ns.cache))
+        source = Path(ns.source).absolute()
+        if ns.workload:
+            figures = build_workload(Path(ns.output).absolute(), ns.name, cache_dir(ns.cache))
+        else:
+            figures = build(Path(ns.output).absolute(), ns.name, cache_dir(ns.cache), source)
     except BuildError as exc:
         print(f"build-oci: {exc}", file=sys.stderr)
         return 1

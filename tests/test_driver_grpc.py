@@ -29,6 +29,7 @@ from driver.gen import (
 )
 from driver.interfaces import DeviceHealth
 from driver.registration import Registrar, start_registration
+from driver.sockets import SocketInUse
 from driver.state import DriverState
 from tests.driver_support import (
     DRIVER,
@@ -274,16 +275,42 @@ def test_refuses_to_remove_a_non_socket(short_tmp: Path) -> None:
     assert (plugins / "dra.sock").read_text() == "not a socket"
 
 
-def test_stop_keeps_a_newer_instances_socket(short_tmp: Path) -> None:
+def test_a_second_instance_leaves_a_live_instances_sockets(short_tmp: Path) -> None:
+    """A second driver process on the node (a helper that re-ran the CLI, a stray start)
+    used to replace the live sockets, fail later in its start and remove them: the kubelet
+    then had no plugin ("DRA driver ... is not registered"). A live socket is not stale."""
     first = Node(short_tmp, None)
-    second = Node(short_tmp, None)  # replaced first's sockets (same paths)
-    first.stop()
-    assert Path(second.dra.endpoint).exists()
-    with channel(second.dra.endpoint) as ch:
+    with pytest.raises(SocketInUse, match="another running process"):
+        Node(short_tmp, None)
+    with pytest.raises(SocketInUse, match="another running process"):
+        start_registration(first.registry, DRIVER, "/unused/dra.sock", ["v1.DRAPlugin"])
+    assert first.reg.socket is not None
+    assert sorted(os.listdir(first.registry)) == [f"{DRIVER}-reg.sock"]
+    with channel(first.reg.socket.path) as ch:
+        info = pluginregistration_pb2_grpc.RegistrationStub(ch).GetInfo(
+            pluginregistration_pb2.InfoRequest(), timeout=1
+        )
+        assert info.endpoint == first.dra.endpoint
+    with channel(first.dra.endpoint) as ch:
         stub = dra_v1_pb2_grpc.DRAPluginStub(ch)
         stub.NodePrepareResources(dra_v1_pb2.NodePrepareResourcesRequest(), timeout=5)
+    first.stop()
+    assert os.listdir(first.registry) == []
+    second = Node(short_tmp, None)  # once the first has gone, its successor starts
+    assert Path(second.dra.endpoint).exists()
     second.stop()
-    assert not Path(second.dra.endpoint).exists()
+
+
+def test_stop_removes_only_the_socket_it_created(short_tmp: Path) -> None:
+    first = Node(short_tmp, None)
+    assert first.reg.socket is not None
+    path = first.reg.socket.path
+    first.reg.socket.server.stop(0).wait()  # it died without cleaning up: the file is stale
+    successor = start_registration(first.registry, DRIVER, first.dra.endpoint, ["v1.DRAPlugin"])
+    first.stop()  # its late stop must not remove the successor's socket
+    assert path.exists()
+    successor.stop()
+    assert not path.exists()
 
 
 def test_stop_ends_open_health_streams_and_removes_only_own_sockets(short_tmp: Path) -> None:
