@@ -1,0 +1,202 @@
+"""toposlice installed on the e2e control plane as a user installs it.
+
+:func:`chart_objects` renders ``charts/toposlice`` with ``values-fake.yaml`` through Helm's
+Go SDK (as tests/test_chart.py does); :func:`install` applies everything but the
+DaemonSet. :class:`NodeDriver` is what the DaemonSet's pod would run on one node:
+``toposlice run --fake MACHINE --node-name NODE`` as a process, authenticated as the chart's
+ServiceAccount with a token bound to a Pod on that node (so the chart's RBAC and
+ValidatingAdmissionPolicy are the ones that apply), registered by the Python kubelet
+client (tests/kubelet.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tests.e2e.cluster import Cluster, free_ports, poll
+from tests.kubelet import Registered, register_retrying, run_argv
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "toposlice"
+RELEASE = NAMESPACE = "toposlice"
+SERVICE_ACCOUNT = "toposlice"
+DRIVER = "toposlice.dev"
+
+
+def chart_objects(values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """The chart rendered with ``values`` (default: values-fake.yaml) by Helm's Go SDK."""
+    import helm_python as helm
+
+    if values is None:
+        values = yaml.safe_load((CHART / "values-fake.yaml").read_text())
+    out = helm.Chart.load(str(CHART)).render(
+        values, name=RELEASE, namespace=NAMESPACE, is_install=True
+    )
+    objs: list[dict[str, Any]] = []
+    for path, text in sorted(out.items()):
+        if not path.endswith(".txt"):
+            objs.extend(d for d in yaml.safe_load_all(text) if d)
+    return objs
+
+
+def install(cluster: Cluster) -> list[dict[str, Any]]:
+    """Create the release namespace and apply the chart but its DaemonSet; the objects."""
+    objs = [o for o in chart_objects() if o["kind"] != "DaemonSet"]
+    for o in objs:
+        if o["kind"] not in ("DeviceClass", "ClusterRole", "ClusterRoleBinding") and not o[
+            "kind"
+        ].startswith("ValidatingAdmissionPolicy"):
+            o["metadata"].setdefault("namespace", NAMESPACE)
+    cluster.apply([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}])
+    cluster.apply(objs)
+    return objs
+
+
+def uninstall(cluster: Cluster, objs: list[dict[str, Any]]) -> None:
+    for o in objs:
+        if o["kind"] in ("DeviceClass", "ClusterRole", "ClusterRoleBinding") or o[
+            "kind"
+        ].startswith("ValidatingAdmissionPolicy"):
+            cluster.kubectl("delete", o["kind"], o["metadata"]["name"], "--ignore-not-found")
+    cluster.kubectl("delete", "namespace", NAMESPACE, "--ignore-not-found", "--wait=false")
+
+
+def published_slices(cluster: Cluster, node: str, driver: str = DRIVER) -> list[dict[str, Any]]:
+    """The ResourceSlices of ``driver`` on ``node``, as the API server holds them."""
+    out = cluster.kubectl(
+        "get",
+        "resourceslices",
+        f"--field-selector=spec.nodeName={node},spec.driver={driver}",
+        "-o",
+        "json",
+    )
+    items: list[dict[str, Any]] = json.loads(out)["items"]
+    return sorted(items, key=lambda s: s["metadata"]["name"])
+
+
+def cli_slices(machine: str, node: str, *extra: str) -> list[dict[str, Any]]:
+    """What ``toposlice slices --fake MACHINE --node-name NODE`` prints."""
+    argv = [sys.executable, "-m", "toposlice", "-q", "slices", "--fake", machine]
+    proc = subprocess.run(
+        [*argv, "--node-name", node, "-o", "json", *extra],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=REPO,
+    )
+    data: list[dict[str, Any]] = json.loads(proc.stdout)
+    return data
+
+
+class NodeDriver:
+    """``toposlice run --fake MACHINE --node-name NODE`` as the chart's ServiceAccount."""
+
+    def __init__(
+        self, cluster: Cluster, node: str, machine: str, *extra: str, resync_s: float = 1.0
+    ) -> None:
+        self.cluster = cluster
+        self.node = node
+        self.machine = machine
+        self.extra = extra
+        self.resync_s = resync_s
+        # Unix socket paths must stay short (108 bytes): a folder of its own under $TMPDIR.
+        self.base = Path(tempfile.mkdtemp(prefix=f"ts-{node[-12:]}-"))
+        self.fake_tmp = self.base / "fake"
+        self.fake_tmp.mkdir()
+        (self.port,) = free_ports(1)
+        self.kubeconfig = cluster.token_kubeconfig(NAMESPACE, SERVICE_ACCOUNT, node)
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.registered: Registered | None = None
+
+    @property
+    def name(self) -> str:
+        return f"toposlice-run-{self.node}"
+
+    @property
+    def cdi(self) -> Path:
+        return self.base / "cdi"
+
+    @property
+    def state(self) -> Path:
+        return self.base / "state"
+
+    @property
+    def endpoint(self) -> str:
+        assert self.registered is not None
+        return str(self.registered.info.endpoint)
+
+    def argv(self) -> list[str]:
+        return run_argv(
+            self.base,
+            self.kubeconfig,
+            self.node,
+            "--http-addr",
+            f"127.0.0.1:{self.port}",
+            "--resync-interval",
+            str(self.resync_s),
+            "--startup-timeout",
+            "30",
+            "--log-level",
+            "info",
+            *self.extra,
+            machine=self.machine,
+            cdi_root=self.cdi,
+        )
+
+    def start(self) -> NodeDriver:
+        env = dict(os.environ, TOPOSLICE_FAKE_TMPDIR=str(self.fake_tmp))
+        self.proc = self.cluster.spawn(self.name, self.argv(), env=env)
+        return self
+
+    def wait_started(self, timeout: float = 60.0) -> NodeDriver:
+        """Register as the kubelet does, then wait for /readyz (registered + published)."""
+        reg_socket = self.base / "reg" / f"{DRIVER}-reg.sock"
+        poll(lambda: reg_socket.exists() or self._dead(), timeout, 0.05, f"{reg_socket}")
+        self._dead()
+        self.registered = register_retrying(reg_socket, within=timeout)
+        poll(lambda: self.http("/readyz")[0] == 200 or self._dead(), timeout, 0.05, "readyz")
+        self._dead()
+        return self
+
+    def _dead(self) -> bool:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise RuntimeError(
+                f"{self.name} exited {self.proc.returncode}:\n{self.cluster.log_tail(self.name)}"
+            )
+        return False
+
+    def http(self, path: str) -> tuple[int, bytes]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=5) as r:
+                return r.status, r.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read()
+        except OSError:
+            return 0, b""
+
+    def metrics(self) -> str:
+        return self.http("/metrics")[1].decode()
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        self.cluster.kill(self.name, sig)
+        self.proc = None
+
+    def fake_root(self) -> Path:
+        """The fake machine's filesystem tree this process generated."""
+        (root,) = [p for p in self.fake_tmp.iterdir() if p.name.startswith("toposlice-fake-")]
+        return root
+
+    def cleanup(self) -> None:
+        self.stop()
+        shutil.rmtree(self.base, ignore_errors=True)
