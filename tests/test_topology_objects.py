@@ -418,3 +418,69 @@ def test_flags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         _config(["--node-feature"], tmp_path)
     monkeypatch.setenv("POD_NAMESPACE", "from-env")
     assert _config(["--node-feature"], tmp_path).node_feature_namespace == "from-env"
+
+
+# -- RBAC: the chart grants exactly what the writer does ----------------------------------
+
+_VERB = {"POST": "create", "PUT": "update", "GET": "get"}
+
+
+@pytest.mark.parametrize("kind", [NRT_KIND, NODE_FEATURE_KIND])
+def test_chart_grants_exactly_the_writers_calls(api: FakeApi, kind: Any) -> None:
+    chart = pytest.importorskip("tests.test_chart")
+    inv = Inventory.from_dict(snapshot("dgx-h100").inventory.to_dict())
+    w = _writer(kind)
+    for _ in range(2):  # create, steady state, a change (update), a deletion (create)
+        obj = build_nrt(inv, NODE) if kind is NRT_KIND else build_node_feature(inv, NODE, "ns")
+        w.set_desired(obj)
+        w.reconcile()
+        w.reconcile()
+        inv.gpus = inv.gpus[1:]
+    api.objects.clear()
+    w.reconcile()
+    calls = set()
+    for method, path in api.requests:
+        m = re.fullmatch(r"/apis/([a-z0-9.-]+)/v1\w*(?:/namespaces/[^/]+)?/([a-z]+)(/.+)?", path)
+        assert m is not None, path
+        assert (m[3] is not None) == (method != "POST")  # reads and updates name the object
+        calls.add((m[1], m[2], _VERB[method]))
+    objs = chart.render(chart.ALL_OPTIONS)
+    if kind is NRT_KIND:
+        rules = chart.one(objs, "ClusterRole", "toposlice-node-plugin")["rules"]
+    else:
+        rules = chart.one(objs, "Role", "toposlice-node-feature")["rules"]
+        binding = chart.one(objs, "RoleBinding", "toposlice-node-feature")
+        assert binding["metadata"]["namespace"] == chart.NAMESPACE
+    group = kind.group_version.split("/")[0]
+    granted = {
+        (g, r, v)
+        for rule in rules
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+        for v in rule["verbs"]
+        if g == group
+    }
+    assert calls == granted
+    # Off by default: nothing granted on these resources.
+    default = chart.render(None)
+    default_rules = chart.one(default, "ClusterRole", "toposlice-node-plugin")["rules"]
+    assert all(group not in r["apiGroups"] for r in default_rules)
+    assert not [o for o in default if o["kind"] in ("Role", "CustomResourceDefinition")]
+
+
+def test_chart_installs_the_copied_crds_when_asked() -> None:
+    chart = pytest.importorskip("tests.test_chart")
+    crds = {
+        o["metadata"]["name"]: o
+        for o in chart.render(chart.ALL_OPTIONS)
+        if o["kind"] == "CustomResourceDefinition"
+    }
+    assert crds == {
+        "noderesourcetopologies.topology.node.k8s.io": yaml.safe_load(
+            (CRDS / "noderesourcetopologies.yaml").read_text()
+        ),
+        "nodefeatures.nfd.k8s-sigs.io": yaml.safe_load((CRDS / "nodefeatures.yaml").read_text()),
+    }
+    args = chart.node_plugin(chart.render(chart.ALL_OPTIONS))["containers"][0]["args"]
+    assert "--nrt" in args and "--node-feature" in args
+    assert f"--node-feature-namespace={chart.NAMESPACE}" in args
