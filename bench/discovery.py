@@ -31,7 +31,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from hack.hwloc_fixtures import HWLOC, case_env, extract_case, hwloc_cases  # noqa: E402
+from hack.hwloc_fixtures import case_env, extract_case, hwloc_cases  # noqa: E402
 from toposlice.discover import discover  # noqa: E402
 
 LEAN = (
@@ -58,7 +58,11 @@ def run_process(cmd: list[str], env: dict[str, str] | None = None) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--runs", type=int, default=15)
-    ap.add_argument("--fixtures", type=Path, default=HWLOC)
+    ap.add_argument(
+        "--fixtures",
+        type=Path,
+        help="dumps folder (default: tests/data/hwloc plus ../shared extras)",
+    )
     ap.add_argument("--case", action="append", help="only these cases")
     args = ap.parse_args()
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Score discovery against hwloc's truth on every fixture with the fixtures' own scorer.
 
-Usage: python3 hack/fidelity.py [FIXTURES_DIR]   (default ../shared/fixtures/hwloc)
+Usage: python3 hack/fidelity.py [FIXTURES_DIR]   (default tests/data/hwloc)
 Extracts each tarball to a temp dir, writes discovery's view in the
 ``topology-fidelity/v1`` schema (plus this host's, for the live-session-vm truth), and
 runs ``fidelity_check.py --truth-dir/--got-dir``.

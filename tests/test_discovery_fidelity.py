@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import json
 import os
 from pathlib import Path
 from types import ModuleType
@@ -12,6 +14,7 @@ import pytest
 
 from discovery.fidelity import to_fidelity
 from discovery.host import discover_host
+from hack.hwloc_fixtures import case_file
 from tests.conftest import HWLOC, hwloc_cases, load_truth
 
 CASES = hwloc_cases()
@@ -95,9 +98,20 @@ def test_live_host_matches_truth_when_same_machine() -> None:
     assert _scorer().fidelity(res) == 1.0, res
 
 
-def test_every_case_has_a_tarball() -> None:
-    if not HWLOC.exists():
-        pytest.skip("no fixtures")
-    assert CASES, "cases.txt lists no case"
+def test_every_shipped_case_is_the_tarball_its_truth_names() -> None:
+    """tests/data/hwloc holds each case's dump byte for byte as its truth records it."""
+    shipped = hwloc_cases(HWLOC)
+    assert shipped, f"{HWLOC}/cases.txt lists no case"
+    assert (HWLOC / "COPYING").is_file() and (HWLOC / "live-session-vm.json").is_file()
+    for case in shipped:
+        source = json.loads((HWLOC / f"{case}.json").read_text(encoding="utf-8"))["source"]
+        digest = hashlib.sha256((HWLOC / f"{case}.tar.bz2").read_bytes()).hexdigest()
+        assert digest == source["tarball_sha256"], case
+        assert source["tarball"] == f"tests/hwloc/linux/{case}.tar.bz2", case
+
+
+def test_every_case_has_a_tarball_and_a_truth() -> None:
+    assert CASES[: len(hwloc_cases(HWLOC))] == hwloc_cases(HWLOC)
     for case in CASES:
-        assert (HWLOC / f"{case}.tar.bz2").exists(), case
+        assert case_file(case, ".tar.bz2").is_file(), case
+        assert load_truth(case)["case"] == case

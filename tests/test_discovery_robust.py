@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from discovery.host import discover_host
 from discovery.readers import normalize_bdf, parse_cpulist, parse_cpumask, parse_link_speed
+from tests.conftest import examples, link_copy
 from toposlice.discover import discover
 
 CASE = "32em64t-2n8c+dax+nvme+mic+dimms"
@@ -68,8 +69,7 @@ def damaged_tree(
     hwloc_roots: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
 ) -> tuple[Path, list[str]]:
     """A private copy of a real dump and the list of its interesting files."""
-    dest = tmp_path_factory.mktemp("damaged") / "root"
-    shutil.copytree(hwloc_roots[CASE], dest, symlinks=True)
+    dest = link_copy(hwloc_roots[CASE], tmp_path_factory.mktemp("damaged") / "root")
     files = []
     for sub in ("sys/devices", "sys/class/net", "sys/class/infiniband"):
         for dirpath, dirnames, filenames in os.walk(dest / sub):
@@ -127,7 +127,9 @@ GARBAGE = st.one_of(
 
 
 @settings(
-    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=examples(60),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(data=st.data())
 def test_corrupted_files_never_crash(
@@ -141,10 +143,10 @@ def test_corrupted_files_never_crash(
         for rel in picks:
             path = root / rel
             saved[rel] = path.read_bytes()
+            path.unlink()  # a hard link to the shared dump: never write through it
             if data.draw(st.booleans()):
                 path.write_bytes(data.draw(GARBAGE))
             else:
-                path.unlink()
                 removed.append(rel)
         inv = discover(str(root), probes=["pci", "rdma", "cpu", "nvidia"])
         assert inv.numa_nodes, "always at least one NUMA node"
@@ -159,8 +161,7 @@ def test_corrupted_files_never_crash(
 def test_broken_symlinks_and_dirs_in_place_of_files(
     tmp_path: Path, hwloc_roots: dict[str, Path]
 ) -> None:
-    root = tmp_path / "root"
-    shutil.copytree(hwloc_roots[CASE], root, symlinks=True)
+    root = link_copy(hwloc_roots[CASE], tmp_path / "root")
     pci = root / "sys/bus/pci/devices"
     first = sorted(os.listdir(pci))[0]
     # A dangling link, a loop, a directory where a file should be, a stray entry.
@@ -215,8 +216,7 @@ def test_dump_without_symlinks_rebuilds_chains_from_config(
     """Old dumps have plain directories in bus/pci/devices: no pcieRoot, same bridges."""
     src = hwloc_roots[CASE]
     want, _ = discover_host(str(src), live=False)
-    root = tmp_path / "root"
-    shutil.copytree(src, root, symlinks=True)
+    root = link_copy(src, tmp_path / "root")
     pci = root / "sys/bus/pci/devices"
     for entry in os.listdir(pci):
         target = os.path.realpath(pci / entry)
