@@ -85,7 +85,10 @@ def min_version(spec: dict[str, Any]) -> str:
 
 
 def build_spec(
-    kind: str, devices: dict[str, ContainerEdits], common: ContainerEdits | None = None
+    kind: str,
+    devices: dict[str, ContainerEdits],
+    common: ContainerEdits | None = None,
+    annotations: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """A spec with one entry per device name; ``common`` edits apply once when any device
     of the file is requested. Refuses empty per-device edits (the CDI library does)."""
@@ -101,6 +104,8 @@ def build_spec(
     spec: dict[str, Any] = {"cdiVersion": "", "kind": kind, "devices": entries}
     if common and any(common.values()):
         spec["containerEdits"] = common
+    if annotations:
+        spec["annotations"] = dict(annotations)
     spec["cdiVersion"] = min_version(spec)
     return spec
 

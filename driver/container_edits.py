@@ -8,12 +8,17 @@ the topology as environment -- bus ids, GPU UUIDs, ``NCCL_IB_HCA`` from the NICs
 names, and ``NCCL_TOPO_FILE`` with the topology file bind-mounted read-only.
 
 Device nodes are listed by path only: the runtime's CDI library stats the host node at
-container creation to fill type and numbers (cdi.md section 3.1).
+container creation to fill type and numbers (cdi.md section 3.1), and refuses the whole
+container when one is missing. So a spec names only the nodes that exist on the node
+(:func:`drop_missing_nodes`); the others are listed in the spec's annotation
+``toposlice.dev/omitted-device-nodes``. Fake devices (``--fake``) have none: their specs
+carry only environment and the NCCL topology mount, and their pods start.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +32,8 @@ RDMA_CM = "/dev/infiniband/rdma_cm"
 AMD_RENDER_BASE = 128
 NCCL_TOPO_CONTAINER_PATH = "/var/run/toposlice/nccl-topo.xml"
 _TRAILING_NUMBER = re.compile(r"(\d+)$")
+#: Spec annotation listing the device nodes left out because the node lacks them.
+OMITTED_NODES_ANNOTATION = "toposlice.dev/omitted-device-nodes"
 
 
 @dataclass
@@ -88,6 +95,26 @@ def nic_edits(inv: Inventory, name: str, nic: Nic) -> ContainerEdits:
     if nodes:
         edits["deviceNodes"] = _nodes(nodes)
     return edits
+
+
+def drop_missing_nodes(
+    edits: dict[str, ContainerEdits], exists: Callable[[str], bool]
+) -> list[str]:
+    """Remove from ``edits`` (in place) every device node for which ``exists(path)`` is
+    false; the sorted paths removed. A device's edits keep its environment variable, so
+    they never become empty."""
+    omitted: set[str] = set()
+    for device in edits.values():
+        nodes = device.get("deviceNodes")
+        if not nodes:
+            continue
+        kept = [n for n in nodes if exists(n["path"])]
+        omitted.update(n["path"] for n in nodes if n not in kept)
+        if kept:
+            device["deviceNodes"] = kept
+        else:
+            del device["deviceNodes"]
+    return sorted(omitted)
 
 
 def cpu_edits(name: str, cpu_list: str) -> ContainerEdits:

@@ -45,7 +45,15 @@ from .checkpoint import (
     read_boot_id,
     save_checkpoint,
 )
-from .container_edits import ClaimDevices, claim_edits, cpu_edits, gpu_edits, nic_edits
+from .container_edits import (
+    OMITTED_NODES_ANNOTATION,
+    ClaimDevices,
+    claim_edits,
+    cpu_edits,
+    drop_missing_nodes,
+    gpu_edits,
+    nic_edits,
+)
 from .interfaces import ClaimNotFound, ClaimReader
 from .nccl_topo import build_topology
 
@@ -122,6 +130,9 @@ class DriverState:
         for d in (self.cdi_root, self.state_dir, self.topo_dir):
             d.mkdir(parents=True, exist_ok=True)
         self.boot_id = read_boot_id(Path(root_path))
+        self.dev_root = Path(root_path)
+        """Device nodes are looked up under here (``<root>/dev/...``): a CDI spec names only
+        those that exist (the runtime refuses a container whose node is missing)."""
         self.sync = not self.boot_id if sync is None else sync
         """fsync every write? Not needed when the boot id is known: power loss means a
         reboot, a reboot discards the checkpoint and every file it owns, and against a
@@ -314,11 +325,16 @@ class DriverState:
             )
         topo_host = str(self.topo_path(ref.uid)) if topo_xml is not None else None
         common = claim_edits(ref.uid, claim_devices, topo_host)
+        omitted = drop_missing_nodes(edits, self._node_exists)
+        notes = {OMITTED_NODES_ANNOTATION: ",".join(omitted)} if omitted else None
         try:
-            spec = cdi.build_spec(self.kind, edits, common)
+            spec = cdi.build_spec(self.kind, edits, common, notes)
         except ValueError as exc:
             raise ClaimError(str(exc)) from None
         return _Plan(devices=tuple(prepared), spec=spec, topo_xml=topo_xml)
+
+    def _node_exists(self, path: str) -> bool:
+        return os.path.exists(self.dev_root / path.lstrip("/"))
 
     def _lookups(self, snap: Snapshot) -> tuple[dict[str, Any], dict[str, str]]:
         """Device name -> device and -> vertex id, built once per snapshot."""

@@ -107,6 +107,16 @@ class FakeHealth:
             return self.version
 
 
+def device_node_paths(snap: Snapshot) -> list[str]:
+    """Every device node a claim of the machine's GPUs and NICs could name."""
+    from driver.container_edits import gpu_edits, nic_edits
+
+    inv = snap.inventory
+    edits = [gpu_edits(inv, g.bus_id, g) for g in inv.gpus]
+    edits += [nic_edits(inv, n.bus_id, n) for n in inv.nics]
+    return sorted({n["path"] for e in edits for n in e.get("deviceNodes", [])})
+
+
 def make_state(
     tmp: Path,
     reader: FakeClaims,
@@ -114,13 +124,20 @@ def make_state(
     machine: str = "dgx-h100",
     boot_id: str | None = "boot-1",
     fail_point: FailPoint | None = None,
+    dev_nodes: bool = True,
 ) -> DriverState:
-    """DriverState with cdi/, state/ and a fake root (boot id file) under ``tmp``."""
+    """DriverState with cdi/, state/ and a fake root (boot id file) under ``tmp``; with
+    ``dev_nodes``, the root has a file for every device node of the machine's GPUs and
+    NICs (CDI specs name only nodes that exist under ``<root>/dev``)."""
     root = tmp / "root"
     if boot_id is not None:
         (root / "proc/sys/kernel/random").mkdir(parents=True, exist_ok=True)
         (root / "proc/sys/kernel/random/boot_id").write_text(boot_id + "\n")
     snap = snapshot(machine)
+    if dev_nodes:
+        for path in device_node_paths(snap):
+            (root / path.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
+            (root / path.lstrip("/")).touch()
     kwargs = {} if fail_point is None else {"fail_point": fail_point}
     return DriverState(
         DRIVER, NODE, tmp / "cdi", tmp / "state", root, reader, lambda: snap, **kwargs

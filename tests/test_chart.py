@@ -256,7 +256,14 @@ def run_config(spec: dict[str, Any]) -> Any:
 
     (c,) = spec["containers"]
     root = container_env(c, "node-a").get("HOST_ROOT")
-    return config.load_config(ns, host_root(ns.root or root), not ns.fake, normalize_options(ns))
+    # In its pod the kubelet sets these (no --kubeconfig: the in-cluster config is used).
+    pod_env = {"KUBERNETES_SERVICE_HOST": "10.0.0.1", "KUBERNETES_SERVICE_PORT": "443"}
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in pod_env.items():
+            mp.setenv(key, value)
+        return config.load_config(
+            ns, host_root(ns.root or root), not ns.fake, normalize_options(ns)
+        )
 
 
 def dir_flags() -> list[str]:

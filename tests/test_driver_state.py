@@ -108,6 +108,32 @@ def test_prepare_writes_valid_spec_defining_every_cdi_id(
     nodes = {n["path"] for d in spec["devices"] for n in d["containerEdits"].get("deviceNodes", [])}
     assert {f"/dev/nvidia{g.minor}" for g in gpu_objs} | {"/dev/nvidiactl"} <= nodes
     assert any(p.startswith("/dev/infiniband/uverbs") for p in nodes)
+    assert "annotations" not in spec  # every node exists: nothing left out
+
+
+def test_spec_names_only_device_nodes_that_exist(tmp_path: Path, reader: FakeClaims) -> None:
+    """containerd refuses a container whose CDI device node is missing on the host
+    ("failed to stat CDI host device"): fake devices have none, so their specs must name
+    none; a real node missing one (e.g. nvidia-uvm not loaded) names the rest."""
+    c = reader.add(claim("f-1", gpus(2) + nics(1)))
+    state = make_state(tmp_path / "fake", reader, dev_nodes=False)
+    assert state.prepare([ref(c)])["f-1"].error == ""
+    spec = load_spec(state, "f-1")
+    jsonschema.validate(spec, SCHEMA)
+    assert all("deviceNodes" not in d["containerEdits"] for d in spec["devices"])
+    assert all(d["containerEdits"]["env"] for d in spec["devices"])
+    omitted = spec["annotations"]["toposlice.dev/omitted-device-nodes"].split(",")
+    assert "/dev/nvidiactl" in omitted and any("uverbs" in p for p in omitted)
+    assert spec["cdiVersion"] == "0.6.0"  # spec annotations need 0.6.0
+    assert "NCCL_TOPO_FILE" in "".join(spec["containerEdits"]["env"])
+
+    partial = make_state(tmp_path / "partial", reader)
+    (partial.dev_root / "dev/nvidia-uvm-tools").unlink()
+    assert partial.prepare([ref(c)])["f-1"].error == ""
+    spec = load_spec(partial, "f-1")
+    nodes = {n["path"] for d in spec["devices"] for n in d["containerEdits"].get("deviceNodes", [])}
+    assert "/dev/nvidia-uvm-tools" not in nodes and "/dev/nvidiactl" in nodes
+    assert spec["annotations"] == {"toposlice.dev/omitted-device-nodes": "/dev/nvidia-uvm-tools"}
 
 
 def test_repeated_prepare_returns_same_ids_and_one_file(tmp_path: Path, reader: FakeClaims) -> None:
