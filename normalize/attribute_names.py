@@ -43,6 +43,8 @@ PCIE_GEN = "pcieGen"
 PCIE_WIDTH = "pcieWidth"
 PCIE_BANDWIDTH_MBPS = "pcieBandwidthMBps"
 PCIE_SWITCH = "pcieSwitch"
+NIC_AFFINITY = "nicAffinity"
+RAIL = "rail"
 # NICs
 NETDEV = "netdev"
 RDMA_DEVICE = "rdmaDevice"
@@ -80,6 +82,8 @@ DRIVER_ATTRIBUTES = (
     PCIE_WIDTH,
     PCIE_BANDWIDTH_MBPS,
     PCIE_SWITCH,
+    NIC_AFFINITY,
+    RAIL,
     NETDEV,
     RDMA_DEVICE,
     LINK_LAYER,

@@ -12,6 +12,7 @@ from discovery.model import Gpu, Inventory, Nic, PciDevice
 
 from . import attribute_names as an
 from . import names
+from .alignment import Alignment, alignment
 from .attributes import (
     Attr,
     Attrs,
@@ -138,7 +139,16 @@ def _device(name: str, attrs: Attrs, capacity: dict[str, Any]) -> Device:
     return dev
 
 
-def gpu_device(inv: Inventory, gpu: Gpu, opts: NormalizeOptions, name: str) -> Device:
+def _alignment_attrs(attrs: Attrs, align: Alignment | None, bus_id: str) -> None:
+    if align is None:
+        return
+    _put(attrs, an.NIC_AFFINITY, a_string(align.nic_affinity.get(bus_id)))
+    _put_int(attrs, an.RAIL, align.rail.get(bus_id))
+
+
+def gpu_device(
+    inv: Inventory, gpu: Gpu, opts: NormalizeOptions, name: str, align: Alignment | None = None
+) -> Device:
     pci = inv.pci(gpu.bus_id)
     attrs: Attrs = {an.TYPE: {"string": "gpu"}}
     attrs.update(pci_standard_attributes(inv, gpu.bus_id, opts, gpu))
@@ -153,6 +163,7 @@ def gpu_device(inv: Inventory, gpu: Gpu, opts: NormalizeOptions, name: str) -> D
     if gpu.mig_mode is not None:
         attrs[an.MIG_MODE] = a_bool(gpu.mig_mode)
     _pcie_link_attrs(attrs, pci)
+    _alignment_attrs(attrs, align, gpu.bus_id)
     if gpu.nvlinks:
         versions = Counter(link.version for link in gpu.nvlinks if link.version)
         if versions:
@@ -171,7 +182,9 @@ def gpu_device(inv: Inventory, gpu: Gpu, opts: NormalizeOptions, name: str) -> D
     return _device(name, attrs, capacity)
 
 
-def nic_device(inv: Inventory, nic: Nic, opts: NormalizeOptions, name: str) -> Device:
+def nic_device(
+    inv: Inventory, nic: Nic, opts: NormalizeOptions, name: str, align: Alignment | None = None
+) -> Device:
     pci = inv.pci(nic.bus_id)
     attrs: Attrs = {an.TYPE: {"string": "nic"}}
     attrs.update(pci_standard_attributes(inv, nic.bus_id, opts))
@@ -190,6 +203,7 @@ def nic_device(inv: Inventory, nic: Nic, opts: NormalizeOptions, name: str) -> D
         _put(attrs, an.SRIOV_PF, a_string(pci.physfn))
     _put(attrs, an.NODE_GUID, a_string(nic.node_guid))
     _pcie_link_attrs(attrs, pci)
+    _alignment_attrs(attrs, align, nic.bus_id)
     if opts.legacy_aliases and pci is not None and pci.numa_node is not None:
         attrs[an.LEGACY_NIC_NUMA] = a_int(pci.numa_node)
     return _device(name, attrs, {})
@@ -235,11 +249,12 @@ def build_devices(
     opts = opts or NormalizeOptions()
     plan = plan or plan_pool(inv, opts)
     out: list[Device] = []
+    align = alignment(inv)
     for entry in plan.entries:
         if entry.gpu is not None:
-            out.append(gpu_device(inv, entry.gpu, opts, entry.name))
+            out.append(gpu_device(inv, entry.gpu, opts, entry.name, align))
         elif entry.nic is not None:
-            out.append(nic_device(inv, entry.nic, opts, entry.name))
+            out.append(nic_device(inv, entry.nic, opts, entry.name, align))
         elif entry.cpu_group is not None:
             group = entry.cpu_group
             if entry.name != group.name:

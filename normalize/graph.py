@@ -13,6 +13,7 @@ from typing import Any
 from discovery.bandwidth import NVLINK_LINK_GBPS, pcie_generation, pcie_link_gbps
 from discovery.model import Gpu, Inventory, NvLink, PciDevice
 
+from .alignment import alignment
 from .attributes import to_semver
 from .cpugroups import cpu_list_text, device_numa
 from .names import node_name
@@ -168,6 +169,7 @@ def build_graph(
     # Endpoints and the PCIe paths that lead to them.
     root_numa = _root_numa(inv)
     endpoints: list[tuple[str, str]] = []
+    align = alignment(inv)
     for gpu in ordered_gpus(inv):
         vid = f"gpu:{gpu.bus_id}"
         pci = inv.pci(gpu.bus_id)
@@ -186,6 +188,8 @@ def build_graph(
                 "compute_capability": gpu.compute_capability,
                 "nvlink_clique": gpu.fabric.clique if gpu.fabric is not None else None,
                 "xgmi_hive_id": gpu.xgmi_hive_id,
+                "nic_affinity": align.nic_affinity.get(gpu.bus_id),
+                "rail": align.rail.get(gpu.bus_id),
                 **_pci_attrs(pci),
             },
             labels.get(gpu.bus_id),
@@ -209,6 +213,8 @@ def build_graph(
                 "speed_mbps": nic.speed_mbps,
                 "link_layer": nic.link_layer,
                 "is_vf": nic.is_vf or None,
+                "nic_affinity": align.nic_affinity.get(nic.bus_id),
+                "rail": align.rail.get(nic.bus_id),
                 **_pci_attrs(pci),
             },
             labels.get(nic.bus_id),

@@ -157,6 +157,31 @@ class Allocator:
             self._selects(e, dev) for e in alt.selectors
         )
 
+    def _enough(self, requests: list[list[_Alternative]], in_use: set[DeviceId]) -> bool:
+        """A sound shortcut, not a rule: when requests whose every alternative draws from
+        one DeviceClass need more devices than that class has free, no search can succeed
+        (the depth-first search would only find that out after trying every combination)."""
+        demand: dict[str, int] = {}
+        for alts in requests:
+            classes = {a.class_name for a in alts}
+            if len(classes) != 1 or any(a.mode != "ExactCount" for a in alts):
+                continue
+            demand[alts[0].class_name] = demand.get(alts[0].class_name, 0) + min(
+                a.count for a in alts
+            )
+        for cls, need in demand.items():
+            if cls not in self.classes:
+                return True  # let the search raise the unknown-class error
+            probe = _Alternative("", cls, [], "ExactCount", 1)
+            free = sum(
+                1
+                for d in self.devices
+                if d.key not in in_use and not d.taints and self._candidate(probe, d)
+            )
+            if free < need:
+                return False
+        return True
+
     def allocate(
         self, claim_spec: Mapping[str, Any], allocated: Iterable[DeviceId] = ()
     ) -> list[Result] | None:
@@ -168,6 +193,8 @@ class Allocator:
         names = tuple(r["name"] for r in raw_requests)
         constraints = [_constraint(c, names) for c in spec.get("constraints") or []]
         in_use = set(allocated)
+        if not self._enough(requests, in_use):
+            return None
         chosen: list[tuple[str, Device]] = []
 
         def fits(result_name: str, dev: Device) -> bool:

@@ -19,9 +19,10 @@ from typing import Any
 from normalize.deviceclasses import device_class_name, device_classes
 
 from .allocator import AllocationError, allocate
+from .ladder import Chosen, ladder_spec
 from .request import Occupancy, Request
 from .score import Placement, assign_nics, score_devices
-from .topology import NodeTopology
+from .topology import GpuView, NicView, NodeTopology
 
 STD = "resource.kubernetes.io"
 API = "resource.k8s.io/v1"
@@ -78,14 +79,9 @@ def pod_claim_spec(topo: NodeTopology, req: Request, p: Placement, pin: bool) ->
             requests.append({"name": nname, "exactly": _exact(_cls("nic", driver), per, npin)})
             gpu_reqs.append(gname)
             nic_reqs.append(nname)
-            if g.pcie_root and all(n.pcie_root == g.pcie_root for n in mine):
-                constraints.append(
-                    {"requests": [gname, nname], "matchAttribute": f"{STD}/pcieRoot"}
-                )
-            elif g.numa is not None and all(n.numa == g.numa for n in mine):
-                constraints.append(
-                    {"requests": [gname, nname], "matchAttribute": f"{STD}/numaNode"}
-                )
+            attr = pair_attribute(driver, g, mine)
+            if attr:
+                constraints.append({"requests": [gname, nname], "matchAttribute": attr})
     else:
         requests.append(
             {"name": "gpu", "exactly": _exact(_cls("gpu", driver), len(gpus), gsel + gpin)}
@@ -117,6 +113,21 @@ def pod_claim_spec(topo: NodeTopology, req: Request, p: Placement, pin: bool) ->
     if constraints:
         devices["constraints"] = constraints
     return {"devices": devices}
+
+
+def pair_attribute(driver: str, g: GpuView, nics: Sequence[NicView]) -> str | None:
+    """The tightest attribute a GPU shares with all its NICs: ``pcieRoot``, else
+    ``toposlice.dev/nicAffinity`` (its closest-NIC group), else ``numaNode``; None when
+    they share none of them (a NIC across sockets)."""
+    if not nics:
+        return None
+    if g.pcie_root and all(n.pcie_root == g.pcie_root for n in nics):
+        return f"{STD}/pcieRoot"
+    if g.nic_affinity and all(n.nic_affinity == g.nic_affinity for n in nics):
+        return f"{driver}/nicAffinity"
+    if g.numa is not None and all(n.numa == g.numa for n in nics):
+        return f"{STD}/numaNode"
+    return None
 
 
 def _cls(kind: str, driver: str) -> str:
@@ -175,6 +186,58 @@ def claim_spec_for(
     return pod_claim_spec(topo, req, p, pin=True)
 
 
+def ladder_spec_for(
+    topo: NodeTopology,
+    req: Request,
+    occ: Occupancy | None,
+    p: Placement,
+    slices: list[dict[str, Any]] | None,
+) -> dict[str, Any]:
+    """A prioritized-list claim (``scorer.ladder``) whose first rung is the chosen set and
+    whose later rungs are the looser topology classes, down to plain counts: the stock
+    scheduler lands the choice while it is free and the best class left when it is not.
+    When the node's slices are at hand and the allocator model does not land the choice
+    (or an equal-score set) through it, the pinned hard claim is returned instead."""
+    gpus = [topo.gpu(v) for v in p.gpus]
+    nics = [n for n in topo.nics if n.vid in p.nics]
+    cpus = [c for c in topo.cpus if c.vid in p.cpus]
+    per = len(nics) // len(gpus) if gpus and nics else 0
+    pairs = assign_nics(topo, gpus, nics, per) or [] if per else []
+    mine = {g.vid: [n for gg, n in pairs if gg.vid == g.vid] for g in gpus}
+    attrs = {g.vid: pair_attribute(topo.driver, g, mine[g.vid]) for g in gpus}
+    tight = [f"{STD}/pcieRoot", f"{topo.driver}/nicAffinity", f"{STD}/numaNode", None]
+    order = sorted(gpus, key=lambda g: (tight.index(attrs[g.vid]), g.bus_id))
+    drop = set()
+    if all(g.nvlink_domain is None for g in gpus):
+        drop.add("nvlink")
+    if not any(g.attrs.get("xgmi_hive_id") for g in topo.gpus):
+        drop.add("xgmi")
+    cpu_sel: list[str] = []
+    if cpus:
+        cpu_sel.append(_in(STD, "numaNode", sorted({c.numa for c in cpus if c.numa is not None})))
+        lists = [_cpu_list(topo, c.dra_device) for c in cpus]
+        if all(lists):
+            cpu_sel.append(_in(topo.driver, "cpuList", sorted(x for x in lists if x)))
+    chosen = Chosen(
+        gpu_bus_ids=tuple(g.bus_id for g in order),
+        pair_attribute=tuple(attrs[g.vid] for g in order),
+        nic_bus_ids=tuple(tuple(sorted(n.bus_id for n in mine[g.vid])) for g in order),
+        cpu_selectors=tuple(cpu_sel),
+        drop_rungs=frozenset(drop),
+    )
+    spec = ladder_spec(
+        len(gpus),
+        per,
+        topo.driver,
+        _gpu_selectors(req, topo.driver),
+        len(cpus),
+        chosen,
+    )
+    if slices is not None and not verify(topo, req, occ, p, spec, slices)[0]:
+        return pod_claim_spec(topo, req, p, pin=True)
+    return spec
+
+
 def claim_list(
     name: str,
     pods: Sequence[tuple[NodeTopology, Placement]],
@@ -182,12 +245,19 @@ def claim_list(
     occ: Occupancy | None = None,
     slices: dict[str, list[dict[str, Any]]] | None = None,
     namespace: str | None = None,
+    ladder: bool = True,
 ) -> dict[str, Any]:
-    """A ``List`` with one ResourceClaimTemplate per pod and the DeviceClasses they name."""
+    """A ``List`` with one ResourceClaimTemplate per pod and the DeviceClasses they name:
+    prioritized-list ladders (``ladder_spec_for``), or with ``ladder=False`` the single
+    general-or-pinned claim (``claim_spec_for``)."""
     items: list[dict[str, Any]] = []
     driver = pods[0][0].driver if pods else "toposlice.dev"
     for i, (topo, p) in enumerate(pods):
-        spec = claim_spec_for(topo, req, occ, p, (slices or {}).get(topo.name))
+        node_slices = (slices or {}).get(topo.name)
+        if ladder:
+            spec = ladder_spec_for(topo, req, occ, p, node_slices)
+        else:
+            spec = claim_spec_for(topo, req, occ, p, node_slices)
         meta: dict[str, Any] = {
             "name": name if len(pods) == 1 else f"{name}-{i}",
             "annotations": {"toposlice.dev/node": topo.name},
@@ -203,9 +273,11 @@ def claim_list(
             }
         )
     used = {
-        r["exactly"]["deviceClassName"]
+        alt["deviceClassName"]
         for it in items
         for r in it["spec"]["spec"]["devices"]["requests"]
+        for alt in r.get("firstAvailable") or [r.get("exactly") or {}]
+        if "deviceClassName" in alt
     }
     items += [c for c in device_classes(driver) if c["metadata"]["name"] in used]
     return {"apiVersion": "v1", "kind": "List", "items": items}

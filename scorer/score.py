@@ -251,32 +251,113 @@ def _packed_gbps(topo: NodeTopology, free: list[GpuView], size: int) -> float:
 def assign_nics(
     topo: NodeTopology, gpus: Sequence[GpuView], free_nics: Sequence[NicView], per_gpu: int
 ) -> list[tuple[GpuView, NicView]] | None:
-    """Each GPU its own ``per_gpu`` NICs, closest path first; None when too few NICs."""
+    """Each GPU its own ``per_gpu`` NICs, as an optimal assignment: the sum of the pairs'
+    path ranks is the largest possible (then RDMA NICs, faster NICs, lower bus ids); None
+    when there are too few NICs. Exact (Hungarian method), so a GPU never takes the only
+    close NIC of another GPU that had a second option."""
     if per_gpu == 0:
         return []
     if len(free_nics) < per_gpu * len(gpus):
         return None
-    taken: set[str] = set()
-    pairs: list[tuple[GpuView, NicView]] = []
-    # GPUs with a single close NIC pick first, so they do not lose it to a GPU with options.
-    for gpu in sorted(gpus, key=lambda g: (_nic_options(topo, g, free_nics), g.bus_id)):
-        ranked = sorted(
-            (n for n in free_nics if n.vid not in taken),
-            key=lambda n: (-_nic_rank(topo, gpu, n), not n.rdma, -n.gbps, n.bus_id),
-        )
-        for nic in ranked[:per_gpu]:
-            taken.add(nic.vid)
-            pairs.append((gpu, nic))
-    return pairs
+    key = (
+        topo.signature,
+        tuple(g.vid for g in gpus),
+        tuple(n.vid for n in free_nics),
+        per_gpu,
+    )
+    hit = _ASSIGN_CACHE.get(key)
+    if hit is None:
+        slots = [g for g in gpus for _ in range(per_gpu)]
+        hit = tuple(optimal_assignment(_pair_costs(topo, slots, free_nics)))
+        if len(_ASSIGN_CACHE) > 100_000:
+            _ASSIGN_CACHE.clear()
+        _ASSIGN_CACHE[key] = hit
+    slots = [g for g in gpus for _ in range(per_gpu)]
+    return [(slots[i], free_nics[j]) for i, j in enumerate(hit)]
+
+
+_ASSIGN_CACHE: dict[tuple[Any, ...], tuple[int, ...]] = {}
+
+
+def _pair_costs(
+    topo: NodeTopology, slots: Sequence[GpuView], nics: Sequence[NicView]
+) -> list[list[int]]:
+    """Integer costs whose minimum sum is lexicographically best: path rank, then RDMA,
+    then NIC speed, then lower NIC index (each term cannot outweigh the one before)."""
+    rows, cols = len(slots), len(nics)
+    s_idx = rows * cols + 1
+    s_speed = (rows * 10_000 + 1) * s_idx
+    s_rdma = (rows + 1) * s_speed
+    s_rank = (rows + 1) * s_rdma
+    out = []
+    for g in slots:
+        row = []
+        for j, n in enumerate(nics):
+            rank = round(_nic_rank(topo, g, n) * 100)
+            speed = min(9_999, max(0, int(n.gbps)))
+            row.append(-(rank * s_rank + int(n.rdma) * s_rdma + speed * s_speed) + j)
+        out.append(row)
+    return out
+
+
+def optimal_assignment(cost: Sequence[Sequence[int]]) -> list[int]:
+    """Rows to distinct columns at the least total cost (rows <= columns): the column of
+    each row. Hungarian method with potentials, O(rows² × columns), exact on integers."""
+    n = len(cost)
+    if n == 0:
+        return []
+    m = len(cost[0])
+    if m < n:
+        raise ValueError("fewer columns than rows")
+    inf = sum(max(abs(x) for x in row) for row in cost) * 2 + 1
+    u = [0] * (n + 1)
+    v = [0] * (m + 1)
+    p = [0] * (m + 1)  # p[j] = row (1-based) matched to column j
+    way = [0] * (m + 1)
+    for i in range(1, n + 1):
+        p[0] = i
+        j0 = 0
+        minv = [inf] * (m + 1)
+        used = [False] * (m + 1)
+        while True:
+            used[j0] = True
+            i0 = p[j0]
+            delta = inf
+            j1 = 0
+            row = cost[i0 - 1]
+            for j in range(1, m + 1):
+                if not used[j]:
+                    cur = row[j - 1] - u[i0] - v[j]
+                    if cur < minv[j]:
+                        minv[j] = cur
+                        way[j] = j0
+                    if minv[j] < delta:
+                        delta = minv[j]
+                        j1 = j
+            for j in range(m + 1):
+                if used[j]:
+                    u[p[j]] += delta
+                    v[j] -= delta
+                else:
+                    minv[j] -= delta
+            j0 = j1
+            if p[j0] == 0:
+                break
+        while True:
+            j1 = way[j0]
+            p[j0] = p[j1]
+            j0 = j1
+            if j0 == 0:
+                break
+    col = [0] * n
+    for j in range(1, m + 1):
+        if p[j]:
+            col[p[j] - 1] = j - 1
+    return col
 
 
 def _nic_rank(topo: NodeTopology, gpu: GpuView, nic: NicView) -> float:
     return NIC_PATH_DERATE.get(topo.relation(gpu.vid, nic.vid), NIC_PATH_DERATE["SYS"])
-
-
-def _nic_options(topo: NodeTopology, gpu: GpuView, nics: Sequence[NicView]) -> int:
-    best = max((_nic_rank(topo, gpu, n) for n in nics), default=0.0)
-    return sum(1 for n in nics if _nic_rank(topo, gpu, n) == best)
 
 
 def choose_cpus(

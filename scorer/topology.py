@@ -44,6 +44,9 @@ class GpuView:
     """GPUs with equal values share one non-blocking NVLink crossbar (may span nodes)."""
     memory_bytes: int | None
     attrs: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    nic_affinity: str | None = None
+    """Closest-NIC group id (``toposlice.dev/nicAffinity``; graphs from before it: None)."""
+    rail: int | None = None
 
     @property
     def switch(self) -> str:
@@ -64,6 +67,8 @@ class NicView:
     gbps: float
     """Port speed per direction in GB/s (Gb/s / 8)."""
     rdma: bool
+    nic_affinity: str | None = None
+    rail: int | None = None
 
 
 @dataclass(frozen=True)
@@ -118,7 +123,7 @@ def _signature(t: NodeTopology) -> str:
         f"/{'D' if g.nvlink_domain else '-'}/{g.memory_bytes}"
         for g in t.gpus
     ]
-    parts += [f"{n.bus_id}/{n.numa}/{n.gbps}" for n in t.nics]
+    parts += [f"{n.bus_id}/{n.numa}/{n.gbps}/{n.nic_affinity}" for n in t.nics]
     parts += [f"{k[0]}-{k[1]}={v}" for k, v in sorted(t.relations.items())]
     return str(hash(("|".join(parts), t.sys_gbps, t.intel_p2p)))
 
@@ -231,6 +236,8 @@ def from_graph(graph: dict[str, Any], labels: dict[str, str] | None = None) -> N
                     nvlink_domain=domain,
                     memory_bytes=a.get("memory_bytes"),
                     attrs=a,
+                    nic_affinity=_str_or_none(a.get("nic_affinity")),
+                    rail=_int_or_none(a.get("rail")),
                 )
             )
         elif v["kind"] == "nic":
@@ -245,6 +252,8 @@ def from_graph(graph: dict[str, Any], labels: dict[str, str] | None = None) -> N
                     pcie_root=a.get("pcie_root"),
                     gbps=float(a.get("speed_mbps") or 0) / 8000.0,
                     rdma=bool(a.get("rdma_devices")),
+                    nic_affinity=_str_or_none(a.get("nic_affinity")),
+                    rail=_int_or_none(a.get("rail")),
                 )
             )
         elif v["kind"] == "cpu_group" and a.get("dra_device"):
@@ -282,6 +291,14 @@ def from_graph(graph: dict[str, Any], labels: dict[str, str] | None = None) -> N
         labels=dict(labels or {}),
         graph=graph,
     )
+
+
+def _str_or_none(v: Any) -> str | None:
+    return v if isinstance(v, str) and v else None
+
+
+def _int_or_none(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
 def read_graph_file(path: str | Path) -> dict[str, Any]:
