@@ -12,11 +12,16 @@ import json
 import signal
 import subprocess
 import time
+import xml.etree.ElementTree as ET
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
+from driver.nccl_topo import nic_bus_id
 from tests.e2e.cluster import Cluster, poll
 from tests.e2e.toposlice_setup import (
     DRIVER,
@@ -26,6 +31,8 @@ from tests.e2e.toposlice_setup import (
     published_slices,
     uninstall,
 )
+from tests.kubelet import NodeClient
+from tests.test_examples import EXAMPLES, VENDOR_CLASSES, expectations
 
 pytestmark = pytest.mark.e2e
 
@@ -37,6 +44,43 @@ MACHINES = {
     "e2e-drv-gb200": "gb200-nvl72-tray",
     "e2e-drv-pcie": "pcie-8gpu",
 }
+#: A DGX where a vendor GPU driver publishes the GPUs and toposlice only NICs and CPUs.
+VENDOR_NODE, VENDOR_DRIVER = "e2e-drv-dgxv", "gpu.nvidia.com"
+EXAMPLE_NODES = {machine: node for node, machine in MACHINES.items()}
+EXAMPLE_NODES[f"dgx-h100 beside {VENDOR_DRIVER}"] = VENDOR_NODE
+
+
+def _vendor_objects() -> list[dict[str, Any]]:
+    """The DeviceClass and slice the NVIDIA GPU driver would publish on VENDOR_NODE (full
+    GPUs named ``gpu-<index>`` with uuid, index and the standard PCI attributes), as
+    tests/test_examples.py models them."""
+    gpus = []
+    for sl in cli_slices("dgx-h100", VENDOR_NODE):
+        for d in sl["spec"]["devices"]:
+            a = d["attributes"]
+            if a["type"] == {"string": "gpu"}:
+                keep = {k: a[k] for k in ("uuid", "index")}
+                keep |= {k: v for k, v in a.items() if k.startswith("resource.kubernetes.io/pci")}
+                gpus.append(
+                    {
+                        "name": f"gpu-{a['index']['int']}",
+                        "attributes": keep | {"type": {"string": "gpu"}},
+                    }
+                )
+    return [
+        VENDOR_CLASSES[VENDOR_DRIVER],
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceSlice",
+            "metadata": {"name": f"{VENDOR_NODE}-{VENDOR_DRIVER}"},
+            "spec": {
+                "driver": VENDOR_DRIVER,
+                "pool": {"name": VENDOR_NODE, "generation": 1, "resourceSliceCount": 1},
+                "nodeName": VENDOR_NODE,
+                "devices": gpus,
+            },
+        },
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -46,15 +90,21 @@ def drivers(cluster: Cluster) -> Iterator[dict[str, NodeDriver]]:
     try:
         for node, machine in MACHINES.items():
             cluster.add_node(node, {"e2e.toposlice.dev/machine": machine})
+        cluster.add_node(VENDOR_NODE, {"e2e.toposlice.dev/machine": "dgx-h100"})
+        cluster.apply(_vendor_objects())
         for node, machine in MACHINES.items():
             started[node] = NodeDriver(cluster, node, machine).start()
+        started[VENDOR_NODE] = NodeDriver(
+            cluster, VENDOR_NODE, "dgx-h100", "--publish", "nic,cpu"
+        ).start()
         for d in started.values():
             d.wait_started()
         yield started
     finally:
         for d in started.values():
             d.cleanup()
-        for node in MACHINES:
+        cluster.kubectl("delete", "deviceclass", VENDOR_DRIVER, "--ignore-not-found")
+        for node in [*MACHINES, VENDOR_NODE]:
             cluster.kubectl(
                 "delete",
                 "resourceslices",
@@ -149,3 +199,144 @@ def test_another_nodes_slice_is_refused_with_the_policys_message(
     assert "replaced" in out, out
     with pytest.raises(subprocess.CalledProcessError):
         cluster.kubectl("get", "resourceslice", "e2e-forged-pcie")
+
+
+# -- examples/ allocated by the real scheduler, prepared by the driver --------------------
+
+
+def _claim_of(cluster: Cluster, ns: str, pod: str) -> dict[str, Any] | None:
+    obj = json.loads(cluster.kubectl("-n", ns, "get", "pod", pod, "-o", "json"))
+    statuses = obj.get("status", {}).get("resourceClaimStatuses") or []
+    if not statuses or not statuses[0].get("resourceClaimName"):
+        return None
+    claim: dict[str, Any] = json.loads(
+        cluster.kubectl(
+            "-n", ns, "get", "resourceclaim", statuses[0]["resourceClaimName"], "-o", "json"
+        )
+    )
+    return claim
+
+
+def _outcome(cluster: Cluster, ns: str, pod: str) -> tuple[str, dict[str, Any] | None] | None:
+    """("allocated", claim) or ("unschedulable", claim), None while undecided."""
+    obj = json.loads(cluster.kubectl("-n", ns, "get", "pod", pod, "-o", "json"))
+    claim = _claim_of(cluster, ns, pod)
+    if claim is not None and (claim.get("status") or {}).get("allocation"):
+        return ("allocated", claim) if obj["spec"].get("nodeName") else None
+    for cond in obj.get("status", {}).get("conditions") or []:
+        if cond["type"] == "PodScheduled" and cond.get("reason") == "Unschedulable":
+            return "unschedulable", claim
+    return None
+
+
+def _bus_ids(cluster: Cluster, node: str, names: set[str]) -> set[str]:
+    """The NCCL bus IDs of these devices, from their published pciBusID: a NIC's ports
+    and functions are one NCCL ``pci`` element at function 0 (driver/nccl_topo.py)."""
+    out = set()
+    for sl in published_slices(cluster, node):
+        for d in sl["spec"]["devices"]:
+            a = d["attributes"]
+            bus = a.get("resource.kubernetes.io/pciBusID")
+            if d["name"] in names and bus:
+                busid = bus["string"].lower()
+                if a["type"]["string"] == "nic":
+                    busid = nic_bus_id(busid, a.get("sriovVF", {}).get("bool", False))
+                out.add(busid)
+    return out
+
+
+def _nccl_endpoints(xml: str) -> set[str]:
+    """Bus IDs of the GPU and NIC endpoints in an NCCL topology file: every ``pci`` but
+    PCIe switches (class 0x0604xx) and NVSwitches (0x0680xx)."""
+    out = set()
+    for pci in ET.fromstring(xml).iter("pci"):
+        if not pci.attrib.get("class", "").startswith(("0x0604", "0x0680")):
+            out.add(pci.attrib["busid"].lower())
+    return out
+
+
+def _files_naming(base: Path, uid: str) -> list[Path]:
+    return [p for p in base.rglob("*") if p.is_file() and uid in p.name]
+
+
+def _run_example(
+    cluster: Cluster, drivers: dict[str, NodeDriver], path: Path, machine: str, idx: int
+) -> None:
+    want = expectations(path)[machine]
+    node = EXAMPLE_NODES[machine]
+    ns = f"e2e-ex-{path.stem[:30]}-{idx}"
+    docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
+    pod = next(d for d in docs if d["kind"] == "Pod")
+    pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": node}
+    cluster.kubectl("create", "namespace", ns)
+    try:
+        for d in docs:
+            d["metadata"]["namespace"] = ns
+        cluster.apply(docs)
+        name = pod["metadata"]["name"]
+        what, claim = poll(lambda: _outcome(cluster, ns, name), 30, 0.1, f"{path.name} on {node}")
+        if want is None:
+            assert what == "unschedulable", f"{path.name} on {machine}: comment says unsatisfiable"
+            assert claim is None or not (claim.get("status") or {}).get("allocation")
+            return
+        assert what == "allocated", f"{path.name} on {machine}: not allocated"
+        assert claim is not None
+        results = claim["status"]["allocation"]["devices"]["results"]
+        got: dict[str, list[str]] = {}
+        for r in results:
+            got.setdefault(r["request"], []).append(r["device"])
+            assert r["pool"] == node
+        assert got == want, f"{path.name} on {machine}"
+
+        # The kubelet side: prepare the real claim on its node.
+        d = drivers[node]
+        ours = {r["device"] for r in results if r["driver"] == DRIVER}
+        uid = claim["metadata"]["uid"]
+        ref = (ns, claim["metadata"]["name"], uid)
+        with NodeClient(d.endpoint) as kubelet:
+            resp = kubelet.prepare([ref]).claims[uid]
+            assert resp.error == ""
+            assert {dev.device_name for dev in resp.devices} == ours
+            assert {dev.pool_name for dev in resp.devices} == {node}
+            (spec_file,) = [p for p in d.cdi.iterdir() if uid in p.name]
+            spec = json.loads(spec_file.read_text())
+            assert {dev["name"] for dev in spec["devices"]} == {f"{uid}-{n}" for n in ours}
+            topo = [p for p in _files_naming(d.state, uid) if p.suffix == ".xml"]
+            endpoints = {n for n in ours if not n.startswith("cpu-")}
+            if endpoints:
+                (topo_file,) = topo
+                assert _nccl_endpoints(topo_file.read_text()) == _bus_ids(cluster, node, endpoints)
+            else:
+                assert topo == []
+            assert kubelet.unprepare([ref]).claims[uid].error == ""
+        assert _files_naming(d.base, uid) == []
+    finally:
+        cluster.kubectl("-n", ns, "delete", "pod", "--all", "--force", "--grace-period=0")
+        cluster.kubectl("delete", "namespace", ns, "--wait=false")
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+def test_example_allocated_by_the_scheduler_and_prepared(
+    cluster: Cluster, drivers: dict[str, NodeDriver], path: Path
+) -> None:
+    """Applied alone (pinned by nodeSelector to each node whose machine its comment names,
+    one namespace per node, all at once), the real scheduler allocates exactly the devices
+    the comment names or leaves the pod unschedulable where it says so; the driver
+    prepares exactly the allocated devices, and unprepare leaves no file behind."""
+    cases = [m for m in expectations(path) if m in EXAMPLE_NODES]
+    assert cases, f"{path.name}: names none of the e2e machines"
+    with ThreadPoolExecutor(len(cases)) as pool:
+        futures = [
+            pool.submit(_run_example, cluster, drivers, path, m, i) for i, m in enumerate(cases)
+        ]
+        for f in futures:
+            f.result()
+    # Every node's devices are free again before the next example.
+    poll(
+        lambda: (
+            not json.loads(cluster.kubectl("get", "resourceclaims", "-A", "-o", "json"))["items"]
+        ),
+        30,
+        0.2,
+        "claims deleted",
+    )
