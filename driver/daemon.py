@@ -3,8 +3,9 @@ health and the HTTP exporter.
 
 Start order (each step only once the one before worked):
 
-0. the configuration (names, kubeconfig: ``load_config``; the HTTP address can be bound:
-   here), so a bad one leaves no socket or directory behind on the host;
+0. (the CLI, before it builds the daemon) the configuration: names, kubeconfig
+   (``load_config``) and whether the HTTP address can be bound (``check_listen``), so a bad
+   one leaves no socket or directory behind on the host;
 1. discovery through the injected ``discover`` callable (the CLI passes
    ``toposlice.sources.inventory_loader(args)``; nothing here imports a probe);
 2. claim state (checkpoint, CDI specs), the DRA service socket, then the registration
@@ -229,13 +230,6 @@ class Daemon:
         from .state import DriverState
 
         cfg = self.cfg
-        if cfg.http_addr:  # an address in use: refused before any socket or directory exists
-            from .config import ListenError, check_listen
-
-            try:
-                check_listen(cfg.http_addr)
-            except ListenError as exc:
-                raise StartupError(str(exc)) from exc
         try:
             self._snap = self._discover_snapshot()
         except (OSError, ValueError) as exc:

@@ -117,15 +117,14 @@ def build_graph(
     inv: Inventory,
     opts: NormalizeOptions | None = None,
     plan: PoolPlan | None = None,
-    node: str | None = None,
+    node_name: str | None = None,
 ) -> dict[str, Any]:
     """The ``toposlice.graph/v1`` JSON document for ``inv`` (see docs/graph.md); ``plan``
-    is the pool plan when the caller already has it. ``node``: the Kubernetes node name,
+    is the pool plan when the caller already has it. ``node_name``: the Kubernetes node name,
     which is also the pool's name (as ``toposlice slices --node-name`` publishes it);
     default: the inventory's host name."""
     opts = opts or NormalizeOptions()
     plan = plan or plan_pool(inv, opts)
-    k8s_node = node  # (`node` is reused for NUMA nodes below)
     b = _Builder()
     names = plan.names
     rel = relation_matrix(inv, opts.matrix_nics)
@@ -292,8 +291,8 @@ def build_graph(
         )
     return {
         "schema": GRAPH_SCHEMA,
-        "node": k8s_node or host,
-        "dra": {"driver": opts.driver, "pool": k8s_node or _pool(host)},
+        "node": node_name or host,
+        "dra": {"driver": opts.driver, "pool": node_name or _pool(host)},
         "vertices": list(b.vertices.values()),
         "edges": b.edges,
         "devices": devices,

@@ -51,7 +51,7 @@ def build_snapshot(
         node_name=node_name,
         options=opts,
         devices=tuple(build_devices(inv, opts, plan)),
-        graph=build_graph(inv, opts, plan, node=node_name),
+        graph=build_graph(inv, opts, plan, node_name=node_name),
         vertex_devices=plan.names,
         plan=plan,
     )

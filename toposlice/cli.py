@@ -128,11 +128,10 @@ def one_line(exc: BaseException) -> str:
     else:
         text = str(exc)
         cause = exc.__cause__
-        if cause is not None and type(cause).__module__.startswith("yaml"):
-            from driver.config import yaml_error_line
+        if cause is not None and type(cause).__module__.startswith("yaml") and str(cause) in text:
+            from driver.config import yaml_error_line  # PyYAML's text spans lines, with a snippet
 
-            head = text.split(str(cause))[0] if str(cause) in text else f"{text}: "
-            text = head + yaml_error_line(cause)
+            text = text.split(str(cause))[0] + yaml_error_line(cause)
     return " ".join(text.split()) or type(exc).__name__
 
 
@@ -177,7 +176,7 @@ def _run(args: argparse.Namespace) -> int:
     from toposlice.render import graph_table, graph_to_dot
 
     # Node and pool follow --node-name as in `slices`; without it, the host's names.
-    graph = build_graph(inv, opts, node=args.node_name)
+    graph = build_graph(inv, opts, node_name=args.node_name)
     if args.output == "table":
         sys.stdout.write(graph_table(graph))
     elif args.output == "dot":

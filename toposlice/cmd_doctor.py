@@ -4,17 +4,24 @@ hardware (from a kubeconfig or from slice files) and exits non-zero on findings.
 from __future__ import annotations
 
 import argparse
-import socket
 import sys
 from typing import Any
 
-from toposlice.sources import add_normalize_args, add_source_args, load_inventory, normalize_options
+from toposlice.sources import (
+    add_node_name_arg,
+    add_normalize_args,
+    add_source_args,
+    check_source,
+    load_inventory,
+    node_name_of,
+    normalize_options,
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_source_args(p)
     add_normalize_args(p)
-    p.add_argument("--node-name", help="Kubernetes node name (default: inventory hostname)")
+    add_node_name_arg(p)
     p.add_argument("--kubeconfig", help="read the node's ResourceSlices from this cluster")
     p.add_argument(
         "--slices",
@@ -43,7 +50,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from driver.observe import ApiSlices, load_slice_files, registered_drivers
+    from driver.observe import ApiSlices, registered_drivers
     from normalize.crossdriver import normalization_report
     from normalize.snapshot import build_snapshot
     from toposlice.output import dump
@@ -51,11 +58,18 @@ def run(args: argparse.Namespace) -> int:
     if not args.slices and not args.kubeconfig:
         print("toposlice: error: doctor needs --kubeconfig or --slices", file=sys.stderr)
         return 2
+    check_source(args)
+    if args.slices:
+        slices = _slice_files(args.slices)
+    else:
+        from driver.config import check_kubeconfig
+
+        check_kubeconfig(args.kubeconfig)
     inv = load_inventory(args)
-    node = args.node_name or inv.hostname or socket.gethostname()
+    node = node_name_of(args, inv)
     snap = build_snapshot(inv, node, normalize_options(args))
     if args.slices:
-        slices = load_slice_files(args.slices)
+        _check_for_node(slices, node)
     else:
         slices = ApiSlices(node, args.kubeconfig).list()
     drivers: set[str] | None = None
@@ -76,6 +90,32 @@ def run(args: argparse.Namespace) -> int:
         dump(report.to_dict(), args.output)
     failing = report.errors if args.fail_on == "error" else report.errors + report.warnings
     return 1 if failing else 0
+
+
+def _slice_files(paths: list[str]) -> list[dict[str, Any]]:
+    """The ResourceSlices of each ``--slices`` file; ValueError for a file with none (a YAML
+    string, another kind), naming it."""
+    from driver.observe import load_slice_files
+
+    out: list[dict[str, Any]] = []
+    for path in paths:
+        found = load_slice_files([path])
+        if not found:
+            raise ValueError(f"--slices {path}: no ResourceSlice in it")
+        out.extend(found)
+    return out
+
+
+def _check_for_node(slices: list[dict[str, Any]], node: str) -> None:
+    """Slice files all for other nodes would check nothing and pass: refuse them."""
+    nodes = {(s.get("spec") or {}).get("nodeName") for s in slices if isinstance(s, dict)}
+    if node in nodes:
+        return
+    others = sorted(str(n) for n in nodes if n)
+    raise ValueError(
+        f"--slices: none of the {len(slices)} ResourceSlices is for node {node!r} (they are "
+        f"for {', '.join(others) or 'no node'}): give --node-name, or that node's slices"
+    )
 
 
 def report_table(report: dict[str, Any]) -> str:

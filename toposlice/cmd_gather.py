@@ -132,8 +132,20 @@ def _write(output: str, data: bytes) -> None:
 def run(args: argparse.Namespace) -> int:
     from discovery.gather import compare_inventories
     from toposlice.replay import discover_gathered
+    from toposlice.sources import check_fake, host_root, probe_list
 
-    probes = [p.strip() for p in args.probes.split(",") if p.strip()] if args.probes else None
+    probes = probe_list(args.probes)
+    if args.output != "-":
+        parent = os.path.dirname(os.path.abspath(args.output))
+        if not os.path.isdir(parent):  # a typo in the path: no directories made for it
+            raise ValueError(f"-o {args.output}: no directory {parent}")
+        if os.path.isdir(args.output):
+            raise ValueError(f"-o {args.output}: is a directory; give the archive's file name")
+    if args.fake is not None:
+        check_fake(args.fake)
+    elif not os.path.isdir(host_root(args.root)):
+        flag = "--root" if args.root else "$HOST_ROOT"
+        raise ValueError(f"{flag} {host_root(args.root)}: no such directory")
     result, reference = gather_source(
         args.root,
         args.fake,

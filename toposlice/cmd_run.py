@@ -43,16 +43,23 @@ def _nvml_sources(daemon: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from driver.config import ConfigError, load_config
+    from driver.config import ConfigError, ListenError, check_listen, load_config
     from driver.logs import setup_logging
-    from toposlice.sources import normalize_options
+    from toposlice.sources import check_source, normalize_options
 
     live = not (args.fake or args.inventory or getattr(args, "gathered", None))
-    try:
+    try:  # every flag checked before anything is created on the host
         cfg = load_config(args, host_root(args.root), live, normalize_options(args))
-    except ConfigError as exc:
+        check_source(args)
+    except (ConfigError, ValueError) as exc:
         print(f"toposlice: error: {exc}", file=sys.stderr)
         return 2
+    if cfg.http_addr:
+        try:
+            check_listen(cfg.http_addr)  # in use: exit 1 before any socket or directory exists
+        except ListenError as exc:
+            print(f"toposlice: error: {exc}", file=sys.stderr)
+            return 1
     setup_logging(cfg.log_format, cfg.log_level)
     from toposlice.discovery_worker import SWITCH_INTERVAL
 

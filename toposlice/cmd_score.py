@@ -120,12 +120,13 @@ def run(args: argparse.Namespace) -> int:
     else:
         results = place(nodes, occ, req, args.top)
     placements = [d for r in results for d in r.to_dicts()]
+    why = "" if results else why_none(nodes, occ, req)
     if args.output == "json":
         dump({"placements": placements}, "json")
     else:
-        sys.stdout.write(_table(results))
+        sys.stdout.write(_table(results, req, why))
     if not results:
-        print("toposlice: no placement fits the request", file=sys.stderr)
+        print(f"toposlice: no placement fits the request: {why}", file=sys.stderr)
     if args.emit_claim and results:
         from driver.atomic import write_atomic
 
@@ -143,18 +144,48 @@ def run(args: argparse.Namespace) -> int:
     return 0 if results else 1
 
 
-def _table(results: list[Any]) -> str:
+def why_none(nodes: list[Any], occ: Any, req: Any) -> str:
+    """One line on why no placement fits: labels, then free GPUs, then the rest."""
+    from scorer.score import NodeState, node_eligible
+
+    eligible = [t for t in nodes if node_eligible(t, req)]
+    if not eligible:
+        labels = ",".join(f"{k}={v}" for k, v in sorted(req.node_labels.items()))
+        return f"no node has the request's node labels {labels}"
+    states = [NodeState(t, occ, req) for t in eligible]
+    best = max(states, key=lambda st: len(st.free_gpus))
+    kind = "free GPUs"
+    if req.min_gpu_memory or req.gpu_attributes:
+        kind = "free GPUs with the requested memory and attributes"
+    total = sum(len(st.free_gpus) for st in states)
+    if len(best.free_gpus) < req.gpus:
+        return (
+            f"it asks for {req.gpus} GPUs; the most {kind} on one node is "
+            f"{len(best.free_gpus)} ({best.topo.name}), {total} on {len(states)} node(s) in all"
+        )
+    wants = []
+    if req.nics_per_gpu:
+        wants.append(f"{req.nics_per_gpu} NIC(s) per GPU ({len(best.free_nics)} free)")
+    if req.cpus:
+        wants.append(f"{req.cpus} CPU device(s) ({len(best.free_cpus)} free)")
+    extra = " and ".join(wants) or "its pattern"
+    return f"{best.topo.name} has {len(best.free_gpus)} {kind}, but not with {extra}"
+
+
+def _table(results: list[Any], req: Any = None, why: str = "") -> str:
     if not results:
-        return "(no placement fits)\n"
+        return f"(no placement fits: {why})\n" if why else "(no placement fits)\n"
+    # Requests without NICs have nothing to say about NIC locality.
+    hidden = {"busbw_gbps"}
+    if req is not None and not req.nics_per_gpu:
+        hidden.add("nic_locality")
     out: list[str] = []
     for rank, r in enumerate(results, 1):
         kind = f" [{r.kind}, {len(r.pods)} pods]" if len(r.pods) > 1 else ""
         out.append(f"#{rank}  score {r.score:7.2f}{kind}")
         for p in r.pods:
             out.append(f"    {p.node}: {', '.join(p.devices)}")
-            parts = "  ".join(
-                f"{k}={v:.3g}" for k, v in p.parts.items() if k not in ("busbw_gbps",)
-            )
+            parts = "  ".join(f"{k}={v:.3g}" for k, v in p.parts.items() if k not in hidden)
             out.append(f"      {parts}")
             for line in p.explain:
                 out.append(f"      - {line}")

@@ -41,8 +41,17 @@ def _gib(size: int) -> str:
         return f"{size >> 30}GiB"
 
 
+#: How the table names each kind of source (``Inventory.source`` keys).
+_SOURCE_WORDS = {"fake": "fake machine", "sysfs_root": "sysfs under", "gathered": "archive"}
+
+
+def source_text(source: dict[str, Any]) -> str:
+    """``{"fake": "dgx-h100"}`` as ``fake machine dgx-h100``; ``-`` when unknown."""
+    return ", ".join(f"{_SOURCE_WORDS.get(k, k)} {v}" for k, v in source.items()) or "-"
+
+
 def inventory_table(inv: Inventory) -> str:
-    lines = [f"host: {inv.hostname or '-'}   source: {inv.source}"]
+    lines = [f"host: {inv.hostname or '-'}   source: {source_text(inv.source)}"]
     packages = {c.package for c in inv.cpus if c.package is not None}
     lines.append(
         f"cpus: {len(inv.cpus)} online in {len(packages)} package(s); "

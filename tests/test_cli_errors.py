@@ -1,0 +1,307 @@
+"""Bad input and unusable configuration, through the real command line (a subprocess, as a
+person runs it): one line on stderr, no traceback, exit 2 for bad input or 1 for a runtime
+failure, and nothing created on the host (directories the command was pointed at stay
+absent). One row per case; ``{tmp}`` is the test's temporary directory, ``{busy}`` an
+address already in use, ``{host_dirs}`` the driver's directories under ``{host}``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+KUBECONFIG = """apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
+users: [{name: u, user: {token: t}}]
+contexts: [{name: x, context: {cluster: c, user: u}}]
+current-context: x
+"""
+
+#: Files the rows refer to, written into {tmp}.
+FILES = {
+    "garbage.yaml": "a: [\n",
+    "string.yaml": '"just a string"\n',
+    "mapping.json": '{"a": 1}\n',
+    "notjson.txt": "notjson\n",
+    "kubeconfig.yaml": KUBECONFIG,
+    "request.yaml": "gpus: 16\n",
+}
+
+#: The driver's host directories, pointed into {host} (a short temporary directory: socket
+#: paths have a length limit): a refused start must not create them.
+HOST_DIRS = (
+    "--kubelet-registrar-directory-path {host}/registry "
+    "--kubelet-plugins-directory-path {host}/plugins --cdi-root {host}/cdi"
+)
+
+
+class Case(NamedTuple):
+    args: str
+    rc: int
+    needles: tuple[str, ...]
+    """Text the one stderr line must contain (after formatting with the row's values)."""
+
+
+CASES: dict[str, Case] = {
+    # Bugs
+    "serve-unknown-fake": Case(
+        "serve --fake nope --http-addr 127.0.0.1:0", 2, ("unknown fake machine 'nope'",)
+    ),
+    "scorer-serve-unknown-fake": Case(
+        "scorer serve --no-kube --fake nope --http-addr 127.0.0.1:0",
+        2,
+        ("unknown fake machine 'nope'",),
+    ),
+    # Tracebacks instead of one line
+    "run-kubeconfig-garbage-yaml": Case(
+        "run --fake cpu-2s --node-name n1 --kubeconfig {tmp}/garbage.yaml {host_dirs}",
+        2,
+        ("--kubeconfig {tmp}/garbage.yaml: not valid YAML", "line 2, column 1"),
+    ),
+    "run-kubeconfig-yaml-string": Case(
+        "run --fake cpu-2s --node-name n1 --kubeconfig {tmp}/string.yaml {host_dirs}",
+        2,
+        ("--kubeconfig {tmp}/string.yaml: not a kubeconfig",),
+    ),
+    "serve-port-out-of-range": Case(
+        "serve --fake cpu-2s --http-addr 127.0.0.1:99999",
+        2,
+        ("--http-addr '127.0.0.1:99999': want HOST:PORT or :PORT with a port of 0-65535",),
+    ),
+    "scorer-serve-port-out-of-range": Case(
+        "scorer serve --no-kube --http-addr 127.0.0.1:99999",
+        2,
+        ("--http-addr '127.0.0.1:99999': want HOST:PORT or :PORT with a port of 0-65535",),
+    ),
+    "run-port-out-of-range": Case(
+        "run --fake cpu-2s --node-name n1 --kubeconfig {tmp}/kubeconfig.yaml "
+        "--http-addr 127.0.0.1:99999 {host_dirs}",
+        2,
+        ("--http-addr '127.0.0.1:99999': want HOST:PORT or :PORT with a port of 0-65535",),
+    ),
+    "serve-addr-without-port": Case(
+        "serve --fake cpu-2s --http-addr localhost",
+        2,
+        ("--http-addr 'localhost': want HOST:PORT or :PORT",),
+    ),
+    # Exit 0 on bad input
+    "discover-unknown-probe": Case(
+        "discover --fake cpu-2s --probes bogus", 2, ("--probes 'bogus': unknown probe 'bogus'",)
+    ),
+    "discover-missing-root": Case(
+        "discover --root {tmp}/missing", 2, ("--root {tmp}/missing: no such directory",)
+    ),
+    "discover-inventory-not-an-inventory": Case(
+        "discover --inventory {tmp}/mapping.json",
+        2,
+        ("--inventory {tmp}/mapping.json: not a toposlice inventory",),
+    ),
+    "doctor-slices-yaml-string": Case(
+        "doctor --fake cpu-2s --slices {tmp}/string.yaml",
+        2,
+        ("--slices {tmp}/string.yaml: no ResourceSlice in it",),
+    ),
+    "doctor-other-nodes-slices": Case(
+        "doctor --fake cpu-2s --slices {tmp}/node-b.yaml",
+        2,
+        ("is for node 'cpu-2s'", "node-b", "--node-name"),
+    ),
+    "slices-empty-node-name": Case(
+        "slices --fake cpu-2s --node-name ''", 2, ("--node-name '': give a node name",)
+    ),
+    "serve-empty-node-name": Case(
+        "serve --fake cpu-2s --node-name '' --http-addr 127.0.0.1:0",
+        2,
+        ("--node-name '': give a node name",),
+    ),
+    "serve-invalid-node-name": Case(
+        "serve --fake cpu-2s --node-name Bad_Name --http-addr 127.0.0.1:0",
+        2,
+        ("--node-name 'Bad_Name' is not a valid Kubernetes node name",),
+    ),
+    "doctor-invalid-node-name": Case(
+        "doctor --fake cpu-2s --node-name Bad_Name --slices {tmp}/node-b.yaml",
+        2,
+        ("--node-name 'Bad_Name' is not a valid Kubernetes node name",),
+    ),
+    # Messages
+    "inventory-not-json": Case(
+        "discover --inventory {tmp}/notjson.txt",
+        2,
+        ("--inventory {tmp}/notjson.txt: not JSON", "line 1 column 1"),
+    ),
+    "fake-garbage-yaml": Case(
+        "discover --fake {tmp}/garbage.yaml",
+        2,
+        ("--fake {tmp}/garbage.yaml: not valid YAML", "at line 2, column 1"),
+    ),
+    "doctor-slices-garbage-yaml": Case(
+        "doctor --fake cpu-2s --slices {tmp}/garbage.yaml",
+        2,
+        ("{tmp}/garbage.yaml", "at line 2, column 1"),
+    ),
+    "serve-port-in-use": Case(
+        "serve --fake cpu-2s --http-addr {busy}",
+        1,
+        ("--http-addr {busy}: cannot listen on {busy}: Address already in use",),
+    ),
+    "scorer-serve-port-in-use": Case(
+        "scorer serve --no-kube --http-addr {busy}",
+        1,
+        ("--http-addr {busy}: cannot listen on {busy}: Address already in use",),
+    ),
+    "run-port-in-use": Case(
+        "run --fake cpu-2s --node-name n1 --kubeconfig {tmp}/kubeconfig.yaml "
+        "--http-addr {busy} {host_dirs}",
+        1,
+        ("--http-addr {busy}: cannot listen on {busy}: Address already in use",),
+    ),
+    "run-without-kubeconfig": Case(
+        "run --fake cpu-2s --node-name n1 {host_dirs}",
+        2,
+        ("give --kubeconfig FILE or set $KUBECONFIG",),
+    ),
+    "scorer-serve-without-kubeconfig": Case(
+        "scorer serve --http-addr 127.0.0.1:0",
+        2,
+        ("$KUBECONFIG", "--no-kube"),
+    ),
+    "gather-into-missing-directory": Case(
+        "gather --fake cpu-2s -o {tmp}/missing/dir/x.tar.gz",
+        2,
+        ("-o {tmp}/missing/dir/x.tar.gz: no directory {tmp}/missing/dir",),
+    ),
+    "score-nothing-fits-says-why": Case(
+        "score --request {tmp}/request.yaml --fake cpu-2s",
+        1,
+        ("no placement fits the request: it asks for 16 GPUs", "0 (cpu-2s)"),
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def busy_addr() -> Iterator[str]:
+    """An address something already listens on."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        yield f"127.0.0.1:{sock.getsockname()[1]}"
+
+
+def cli_env(tmp: Path) -> dict[str, str]:
+    """No cluster, no kubeconfig, no host root from the caller's environment."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("KUBE") and k not in ("NODE_NAME", "HOST_ROOT", "HTTP_ADDR")
+    }
+    env["HOME"] = str(tmp)  # no ~/.kube/config
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    return env
+
+
+def toposlice(args: list[str], tmp: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "toposlice", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=tmp,
+        env=cli_env(tmp),
+    )
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_bad_input_is_one_line_and_leaves_nothing(
+    name: str, tmp_path: Path, busy_addr: str
+) -> None:
+    case = CASES[name]
+    for file, text in FILES.items():
+        (tmp_path / file).write_text(text)
+    if "node-b.yaml" in case.args:
+        out = toposlice(["slices", "--fake", "cpu-2s", "--node-name", "node-b"], tmp_path)
+        (tmp_path / "node-b.yaml").write_text(out.stdout)
+    host = tempfile.mkdtemp(prefix="ts-")
+    values = {"tmp": str(tmp_path), "busy": busy_addr, "host": host}
+    values["host_dirs"] = HOST_DIRS.format(**values)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    try:
+        r = toposlice(shlex.split(case.args.format(**values)), tmp_path)
+        assert os.listdir(host) == [], "the driver created host directories"
+    finally:
+        shutil.rmtree(host)
+    lines = r.stderr.splitlines()
+    assert r.returncode == case.rc, r.stderr
+    assert "Traceback" not in r.stderr
+    assert len(lines) == 1, r.stderr
+    assert lines[0].startswith("toposlice: "), lines[0]
+    for needle in case.needles:
+        assert needle.format(**values) in lines[0], lines[0]
+    # Nothing created: no host directories, no output, no parent directories.
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_quiet_flag_after_the_command(tmp_path: Path) -> None:
+    before = toposlice(["-q", "discover", "--fake", "cpu-2s", "-o", "json"], tmp_path)
+    after = toposlice(["discover", "--fake", "cpu-2s", "-o", "json", "-q"], tmp_path)
+    assert before.returncode == after.returncode == 0, after.stderr
+    assert json.loads(after.stdout) == json.loads(before.stdout)
+
+
+def test_table_names_the_source_in_words(tmp_path: Path) -> None:
+    from toposlice.output import source_text
+
+    assert source_text({"fake": "dgx-h100"}) == "fake machine dgx-h100"
+    assert source_text({"sysfs_root": "/host"}) == "sysfs under /host"
+    assert source_text({}) == "-"
+    r = toposlice(["discover", "--fake", "cpu-2s"], tmp_path)
+    assert r.stdout.splitlines()[0] == "host: cpu-2s   source: fake machine cpu-2s"
+
+
+def test_score_table_leaves_out_nic_locality_without_nics(tmp_path: Path) -> None:
+    (tmp_path / "two.yaml").write_text("gpus: 2\n")
+    (tmp_path / "nics.yaml").write_text("gpus: 2\nnicsPerGpu: 1\n")
+    plain = toposlice(["score", "--request", "two.yaml", "--fake", "dgx-h100"], tmp_path)
+    assert plain.returncode == 0, plain.stderr
+    assert "bandwidth=" in plain.stdout and "nic_locality" not in plain.stdout
+    with_nics = toposlice(["score", "--request", "nics.yaml", "--fake", "dgx-h100"], tmp_path)
+    assert with_nics.returncode == 0, with_nics.stderr
+    assert "nic_locality=" in with_nics.stdout
+
+
+def test_extender_verbs_answer_405_to_get() -> None:
+    import threading
+
+    from scorer.extender import Extender, NodeGraphs, make_server
+
+    server = make_server(Extender(NodeGraphs(static={})), "127.0.0.1", 0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        base = f"http://127.0.0.1:{server.server_address[1]}"
+        for verb in ("filter", "prioritize"):
+            with pytest.raises(urllib.error.HTTPError) as err:
+                urllib.request.urlopen(f"{base}/{verb}", timeout=10)
+            assert err.value.code == 405
+            assert err.value.headers["Allow"] == "POST"
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(f"{base}/nothing", timeout=10)
+        assert err.value.code == 404
+    finally:
+        server.shutdown()
+        server.server_close()
