@@ -315,12 +315,289 @@ def run_policy(name: str, nodes: list[NodeTopology], jobs: list[Job], seed: int)
     }
 
 
+# ------------------------------------------------------------------ mixed cluster, claims
+
+MIXED = (("dgx-h100", 2), ("pcie-8gpu", 3), ("mi300x-8", 1))
+#: Job sizes of the mixed-cluster stream (a NIC per GPU from 2 GPUs up).
+MIXED_SIZES = {1: 0.40, 2: 0.25, 4: 0.20, 8: 0.15}
+
+
+@dataclass
+class MixedNode:
+    topo: NodeTopology
+    allocator: Any
+    """scorer.allocator.Allocator over the node's own slices."""
+
+
+def build_mixed() -> list[MixedNode]:
+    from normalize.deviceclasses import device_classes
+    from normalize.graph import build_graph
+    from normalize.slices import build_slices
+    from scorer.allocator import Allocator
+    from toposlice.discover import discover
+
+    out: list[MixedNode] = []
+    for name, count in MIXED:
+        inv = discover("/", fake=name)
+        graph = build_graph(inv)
+        for i in range(count):
+            node = f"{name}-{i}"
+            topo = from_graph(rename_graph(graph, node))
+            out.append(MixedNode(topo, Allocator(build_slices(inv, node), device_classes(), node)))
+    return out
+
+
+def mixed_stream(n: int, total_gpus: int, load: float, seed: int) -> list[Job]:
+    rng = random.Random(seed)
+    sizes, weights = zip(*MIXED_SIZES.items(), strict=True)
+    mean_size = sum(s * w for s, w in MIXED_SIZES.items())
+    mean_run = RUN_MEDIAN_S * math.exp(RUN_SIGMA**2 / 2)
+    rate = load * total_gpus / (mean_size * mean_run)
+    t = 0.0
+    jobs = []
+    for i in range(n):
+        t += rng.expovariate(rate)
+        k = rng.choices(sizes, weights)[0]
+        dur = min(
+            max(rng.lognormvariate(math.log(RUN_MEDIAN_S), RUN_SIGMA), RUN_CLIP[0]), RUN_CLIP[1]
+        )
+        if k == 1:
+            pattern, bound = rng.choice(
+                [("independent", "compute"), ("inference-decode", "memory")]
+            )
+        else:
+            pattern, bound = rng.choices(
+                [
+                    ("tensor-parallel", "communication"),
+                    ("data-parallel", "communication"),
+                    ("inference-decode", "memory"),
+                ],
+                [0.5, 0.25, 0.25],
+            )[0]
+        req = Request(
+            gpus=k, nics_per_gpu=1 if k > 1 else 0, pattern=pattern, bound=bound, name=f"job-{i}"
+        )
+        jobs.append(Job(i, t, dur, req))
+    return jobs
+
+
+def _pair_claim(k: int, per: int, numa: bool, pair_attr: str | None) -> dict[str, Any]:
+    """The claims examples/ recommend: one gpu-i/nic-i pair per GPU on ``pair_attr``, and
+    with ``numa`` every device on one NUMA node; without NICs, a count."""
+    gpu = {"deviceClassName": "gpu.toposlice.dev"}
+    nic = {"deviceClassName": "nic.toposlice.dev", "count": per}
+    if not per:
+        return {"devices": {"requests": [{"name": "gpus", "exactly": {**gpu, "count": k}}]}}
+    requests: list[dict[str, Any]] = []
+    constraints: list[dict[str, Any]] = []
+    for i in range(k):
+        requests += [{"name": f"gpu-{i}", "exactly": gpu}, {"name": f"nic-{i}", "exactly": nic}]
+        if pair_attr:
+            constraints.append({"requests": [f"gpu-{i}", f"nic-{i}"], "matchAttribute": pair_attr})
+    if numa:
+        constraints.append({"matchAttribute": "resource.kubernetes.io/numaNode"})
+    return {"devices": {"requests": requests, "constraints": constraints}}
+
+
+def careful_claims(req: Request) -> list[dict[str, Any]]:
+    """What a user who follows examples/ and the NVIDIA/dranet docs submits, in order: GPU↔NIC
+    pairs on ``pcieRoot`` with everything on one NUMA node, then pairs on ``pcieRoot``, then
+    plain counts (a fallback without constraints). One GPU without NICs: a count."""
+    k, per = req.gpus, req.nics_per_gpu
+    if not per:
+        return [_pair_claim(k, 0, False, None)]
+    root = "resource.kubernetes.io/pcieRoot"
+    return [_pair_claim(k, per, True, root), _pair_claim(k, per, False, root), _count_claim(req)]
+
+
+def _count_claim(req: Request) -> dict[str, Any]:
+    requests: list[dict[str, Any]] = [
+        {"name": "gpus", "exactly": {"deviceClassName": "gpu.toposlice.dev", "count": req.gpus}}
+    ]
+    if req.nics_per_gpu:
+        n = req.gpus * req.nics_per_gpu
+        requests.append(
+            {"name": "nics", "exactly": {"deviceClassName": "nic.toposlice.dev", "count": n}}
+        )
+    return {"devices": {"requests": requests}}
+
+
+def _enough(t: NodeTopology, occ: Occupancy, req: Request) -> bool:
+    gpus, nics = _free(t, occ)
+    return len(gpus) >= req.gpus and len(nics) >= req.gpus * req.nics_per_gpu
+
+
+def _as_placement(t: NodeTopology, devices: list[str]) -> Placement:
+    vids = [t.by_device[d] for d in devices]
+    gpus = tuple(v for v in vids if v.startswith("gpu:"))
+    nics = tuple(v for v in vids if v.startswith("nic:"))
+    return Placement(t.name, gpus, nics, (), tuple(devices), 0.0)
+
+
+def _allocate_on(
+    n: MixedNode, occ: Occupancy, spec: dict[str, Any]
+) -> tuple[list[str], list[str]] | None:
+    """(devices, result request names) of the allocator model on one node, or None."""
+    t = n.topo
+    in_use = [(t.driver, t.pool, d) for d in occ.used(t.pool)]
+    got = n.allocator.allocate(spec, in_use)
+    if got is None:
+        return None
+    return [r.device for r in got], [r.request for r in got]
+
+
+def nic_locality(t: NodeTopology, p: Placement) -> float | None:
+    """Mean GPU↔NIC path of a pod's best pairing of its own NICs (as NCCL picks the closest),
+    as a fraction of the PIX figure; None without NICs."""
+    from scorer.bandwidth import NIC_PATH_DERATE
+    from scorer.score import assign_nics
+
+    if not p.nics:
+        return None
+    gpus = [t.gpu(v) for v in p.gpus]
+    nics = [n for n in t.nics if n.vid in p.nics]
+    per = len(nics) // len(gpus)
+    pairs = assign_nics(t, gpus, nics, per) or []
+    sys_rank = NIC_PATH_DERATE["SYS"]
+    ranks = [NIC_PATH_DERATE.get(t.relation(g.vid, n.vid), sys_rank) for g, n in pairs]
+    return sum(ranks) / len(ranks) / NIC_PATH_DERATE["PIX"] if ranks else None
+
+
+MIXED_POLICIES = ("scorer", "ladder", "careful", "plain")
+
+
+def run_mixed(policy: str, nodes: list[MixedNode], jobs: list[Job], seed: int) -> dict[str, Any]:
+    """One policy over the mixed cluster: ``scorer`` (scorer.search.place), ``ladder``
+    (toposlice claim ladders through the allocator model; the node whose allocation has the
+    best prioritized-list score, random among ties, as kube-scheduler 1.35+ does),
+    ``careful`` (``careful_claims`` in order, each on the nodes in random order) and
+    ``plain`` (plain counts, nodes in random order)."""
+    from scorer.ladder import ladder_spec, prioritized_score
+
+    topos = [n.topo for n in nodes]
+    by_name = {t.name: t for t in topos}
+    occ = Occupancy()
+    rng = random.Random(seed * 7919 + MIXED_POLICIES.index(policy))
+
+    def decide(req: Request) -> ClusterPlacement | None:
+        if policy == "scorer":
+            found = place(topos, occ, req, top=1)
+            return found[0] if found else None
+        order = rng.sample(nodes, len(nodes))
+        fits = [n for n in order if _enough(n.topo, occ, req)]
+        if policy == "ladder":
+            spec = ladder_spec(req.gpus, req.nics_per_gpu)
+            best: tuple[int, MixedNode, list[str]] | None = None
+            for n in fits:
+                got = _allocate_on(n, occ, spec)
+                if got is not None:
+                    score = prioritized_score(spec, got[1])
+                    if best is None or score > best[0]:
+                        best = (score, n, got[0])
+            if best is None:
+                return None
+            return ClusterPlacement((_as_placement(best[1].topo, best[2]),), 0.0)
+        claims = careful_claims(req) if policy == "careful" else [_count_claim(req)]
+        for spec in claims:
+            for n in fits:
+                got = _allocate_on(n, occ, spec)
+                if got is not None:
+                    return ClusterPlacement((_as_placement(n.topo, got[0]),), 0.0)
+        return None
+
+    departures: list[tuple[float, int, ClusterPlacement]] = []
+    admitted, gpu_hours, bws, locs, decisions = 0, 0.0, [], [], []
+    for job in jobs:
+        while departures and departures[0][0] <= job.arrival:
+            _, _, cp = heapq.heappop(departures)
+            for p in cp.pods:
+                occ.allocated[by_name[p.node].pool] -= set(p.devices)
+                occ.memory_bound.get(by_name[p.node].pool, set()).difference_update(p.devices)
+        t0 = time.perf_counter()
+        cp = decide(job.req)
+        decisions.append((time.perf_counter() - t0) * 1000.0)
+        if cp is None:
+            continue
+        admitted += 1
+        gpu_hours += job.req.gpus * job.duration / 3600.0
+        for p in cp.pods:
+            pool = by_name[p.node].pool
+            occ.allocated.setdefault(pool, set()).update(p.devices)
+            if job.req.bound == "memory":
+                occ.memory_bound.setdefault(pool, set()).update(p.devices)
+            loc = nic_locality(by_name[p.node], p)
+            if loc is not None:
+                locs.append(loc)
+        if job.req.gpus > 1:
+            bws.append(job_busbw(by_name, cp))
+        heapq.heappush(departures, (job.arrival + job.duration, job.id, cp))
+    decisions.sort()
+    p99 = decisions[min(len(decisions) - 1, math.ceil(0.99 * len(decisions)) - 1)]
+    return {
+        "admitted": admitted,
+        "gpu_hours": round(gpu_hours, 1),
+        "mean_busbw_gbps": round(sum(bws) / len(bws), 2) if bws else 0.0,
+        "nic_locality": round(sum(locs) / len(locs), 4) if locs else 1.0,
+        "p99_decision_ms": round(p99, 3),
+    }
+
+
+def main_mixed(args: argparse.Namespace) -> int:
+    nodes = build_mixed()
+    total = sum(len(n.topo.gpus) for n in nodes)
+    seeds = _seeds(args.seeds)
+    out: dict[str, dict[str, Any]] = {}
+    ok = {"scorer": True, "ladder": True}
+    print(
+        f"mixed cluster: {len(nodes)} nodes, {total} GPUs; {args.jobs} jobs per seed, "
+        f"load {args.load}",
+        file=sys.stderr,
+    )
+    for seed in seeds:
+        jobs = mixed_stream(args.jobs, total, args.load, seed)
+        res = {p: run_mixed(p, nodes, jobs, seed) for p in MIXED_POLICIES}
+        out[str(seed)] = res
+        for p in MIXED_POLICIES:
+            print(f"seed {seed} {p:8s} {res[p]}", file=sys.stderr)
+        s, c, lad = res["scorer"], res["careful"], res["ladder"]
+        cb = c["mean_busbw_gbps"] or math.inf
+        r1, r2 = s["mean_busbw_gbps"] / cb, lad["mean_busbw_gbps"] / cb
+        t1 = r1 >= 1.3 and s["gpu_hours"] >= c["gpu_hours"] and s["nic_locality"] >= 0.98
+        t2 = r2 >= 1.1
+        ok["scorer"] &= t1
+        ok["ladder"] &= t2
+        print(
+            f"seed {seed} targets: scorer busbw {r1:.2f}x careful (>= 1.3), GPU-hours "
+            f"{s['gpu_hours']} vs {c['gpu_hours']}, NIC locality {s['nic_locality']} "
+            f"(>= 0.98): {t1}; ladder busbw {r2:.2f}x careful (>= 1.1), GPU-hours "
+            f"{lad['gpu_hours']} vs {c['gpu_hours']}: {t2}",
+            file=sys.stderr,
+        )
+    print(json.dumps({"cluster": "mixed", "seeds": out, "targets_met": ok}))
+    return 0
+
+
+def _seeds(text: str) -> list[int]:
+    if "-" in text:
+        a, b = text.split("-", 1)
+        return list(range(int(a), int(b) + 1))
+    return [int(x) for x in text.split(",") if x]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--jobs", type=int, default=3000)
-    ap.add_argument("--load", type=float, default=1.0, help="offered load (× cluster GPUs)")
+    ap.add_argument("--cluster", choices=["large", "mixed"], default="large")
+    ap.add_argument("--jobs", type=int, default=None, help="default 3000 (large), 200 (mixed)")
+    ap.add_argument("--load", type=float, default=None, help="× cluster GPUs (1.0 / 0.7)")
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--seeds", default="1-5", help="mixed cluster: seeds (1-5 or 1,3)")
     args = ap.parse_args(argv)
+    if args.cluster == "mixed":
+        args.jobs = args.jobs or 200
+        args.load = args.load or 0.7
+        return main_mixed(args)
+    args.jobs = args.jobs or 3000
+    args.load = args.load or 1.0
     t0 = time.perf_counter()
     nodes = build_cluster()
     total = sum(len(t.gpus) for t in nodes)

@@ -170,14 +170,18 @@ class Allocator:
                 a.count for a in alts
             )
         for cls, need in demand.items():
-            if cls not in self.classes:
+            spec = self.classes.get(cls)
+            if spec is None:
                 return True  # let the search raise the unknown-class error
-            probe = _Alternative("", cls, [], "ExactCount", 1)
-            free = sum(
-                1
-                for d in self.devices
-                if d.key not in in_use and not d.taints and self._candidate(probe, d)
-            )
+            sels = (spec.get("spec") or {}).get("selectors") or []
+            exprs = [x["cel"]["expression"] for x in sels]
+            free = 0
+            try:
+                for d in self.devices:
+                    if d.key not in in_use and all(self._selects(e, d) for e in exprs):
+                        free += 1
+            except AllocationError:
+                return True  # the search decides whether it meets that device
             if free < need:
                 return False
         return True

@@ -37,7 +37,7 @@ def _in(domain: str, name: str, values: Sequence[Any]) -> str:
     return f"{_attr(domain, name)} in {json.dumps(list(values))}"
 
 
-def _gpu_selectors(req: Request, driver: str) -> list[str]:
+def gpu_selectors(req: Request, driver: str) -> list[str]:
     out = []
     if req.min_gpu_memory:
         out.append(
@@ -62,7 +62,7 @@ def pod_claim_spec(topo: NodeTopology, req: Request, p: Placement, pin: bool) ->
     nics = [n for n in topo.nics if n.vid in p.nics]
     cpus = [c for c in topo.cpus if c.vid in p.cpus]
     per = len(nics) // len(gpus) if gpus else 0
-    gsel = _gpu_selectors(req, driver)
+    gsel = gpu_selectors(req, driver)
     gpin = [_in(STD, "pciBusID", sorted(g.bus_id for g in gpus))] if pin else []
     npin = [_in(STD, "pciBusID", sorted(n.bus_id for n in nics))] if pin and nics else []
     requests: list[dict[str, Any]] = []
@@ -229,7 +229,7 @@ def ladder_spec_for(
         len(gpus),
         per,
         topo.driver,
-        _gpu_selectors(req, topo.driver),
+        gpu_selectors(req, topo.driver),
         len(cpus),
         chosen,
     )

@@ -38,6 +38,9 @@ FUTURE_SIZES: dict[int, float] = {2: 0.3, 4: 0.3, 8: 0.4}
 MEMORY_CONTENTION = 0.3
 #: Share of a free block's worth that comes from its existence rather than its speed.
 COUNT_SHARE = 0.2
+#: Least NIC-locality weight of a request that asks for GPUDirect NICs: asking for them
+#: means the job drives them, whatever its in-node pattern.
+NIC_FLOOR = 0.3
 #: Above this many subsets, a node's best block is estimated greedily.
 ENUM_LIMIT = 3000
 
@@ -68,7 +71,7 @@ def weights(req: Request) -> dict[str, float]:
         cpu *= 1.3
     return {
         "bandwidth": bw if req.gpus > 1 else 0.0,
-        "nic_locality": nic if req.nics_per_gpu > 0 else 0.0,
+        "nic_locality": max(nic, NIC_FLOOR) if req.nics_per_gpu > 0 else 0.0,
         "cpu_locality": cpu,
         "contention": contention,
         "fragmentation": 0.25,

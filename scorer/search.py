@@ -442,7 +442,7 @@ def place(
     nodes: Sequence[NodeTopology], occ: Occupancy | None, req: Request, top: int = 5
 ) -> list[ClusterPlacement]:
     """Ranked placements of ``req`` over ``nodes``: single-node ones, one NVLink domain when
-    the job is larger than its nodes, and (beyond a node, or when nothing else fits) equal
+    the job is larger than its nodes, and (beyond the largest node) equal
     pods over the NICs — all on one score, with domain capacity charged."""
     states = {t.name: NodeState(t, occ, req) for t in nodes if node_eligible(t, req)}
     out: list[ClusterPlacement] = []
@@ -462,8 +462,9 @@ def place(
             cand = domain_placement(members, occ, req, states)
             if cand is not None:
                 out.append(cand)
-    if req.gpus > max_node or (not out and req.gpus > 2):
-        # Beyond a node; or, when nothing else fits, split over NICs rather than refuse.
+    if req.gpus > max_node:
+        # Beyond a node. A job that fits in one node is placed in one node or not at all:
+        # split over NICs it would run at NIC speed and hold GPUs on two nodes.
         cand = multi_node_placement(nodes, occ, req, states)
         if cand is not None:
             out.append(cand)
