@@ -30,6 +30,7 @@ MODULE_COMMANDS: dict[str, tuple[str, str]] = {
     "gather": ("toposlice.cmd_gather", "archive the files discovery reads (replay: --gathered)"),
     "machines": ("toposlice.cmd_machines", "list the fake machines, or capture a host as one"),
     "score": ("toposlice.cmd_score", "rank placements of a workload on topology graphs"),
+    "claim": ("toposlice.cmd_claim", "a prioritized-list claim for N GPUs with NICs"),
     "scorer": (
         "toposlice.cmd_scorer",
         "placement scorer services (serve: kube-scheduler extender)",
