@@ -156,6 +156,16 @@ CASES: dict[str, Case] = {
         2,
         ("{tmp}/garbage.yaml", "at line 2, column 1"),
     ),
+    "serve-slices-garbage-yaml": Case(
+        "serve --fake cpu-2s --slices {tmp}/garbage.yaml --http-addr 127.0.0.1:0",
+        2,
+        ("{tmp}/garbage.yaml", "at line 2, column 1"),
+    ),
+    "serve-observe-kubeconfig-garbage-yaml": Case(
+        "serve --fake cpu-2s --observe --kubeconfig {tmp}/garbage.yaml --http-addr 127.0.0.1:0",
+        2,
+        ("--kubeconfig {tmp}/garbage.yaml: not valid YAML",),
+    ),
     "serve-port-in-use": Case(
         "serve --fake cpu-2s --http-addr {busy}",
         1,

@@ -113,6 +113,14 @@ def run(args: argparse.Namespace) -> int:
     # Bad flags exit 2 before anything binds (cli.main prints the ValueError in one line).
     parse_http_addr(args.http_addr)
     check_source(args)
+    if args.slices:
+        from driver.observe import load_slice_files
+
+        load_slice_files(args.slices)  # unreadable or not YAML: ValueError naming the file
+    elif args.observe and args.kubeconfig:
+        from driver.config import check_kubeconfig
+
+        check_kubeconfig(args.kubeconfig)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     from toposlice.discovery_worker import SWITCH_INTERVAL
 
