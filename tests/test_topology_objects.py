@@ -484,3 +484,97 @@ def test_chart_installs_the_copied_crds_when_asked() -> None:
     args = chart.node_plugin(chart.render(chart.ALL_OPTIONS))["containers"][0]["args"]
     assert "--nrt" in args and "--node-feature" in args
     assert f"--node-feature-namespace={chart.NAMESPACE}" in args
+
+
+# -- docs/integrations.md and examples/integrations ----------------------------------------
+
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "integrations.md"
+INTEGRATIONS = Path(__file__).resolve().parent.parent / "examples" / "integrations"
+
+
+def _doc_rows() -> dict[str, list[str]]:
+    """``toposlice.dev/<key>`` -> the cells of its row in the label table."""
+    rows = {}
+    for line in DOCS.read_text().splitlines():
+        m = re.match(r"^\| `toposlice\.dev/([a-z.-]+)` \|", line)
+        if m:
+            rows[m[1]] = [c.strip() for c in line.strip("|").split("|")]
+    return rows
+
+
+def test_docs_list_exactly_the_labels_with_their_values() -> None:
+    from discovery.fake import list_machines
+
+    emitted = set()
+    for machine in list_machines():
+        emitted |= set(topology_labels(snapshot(machine).inventory, NODE))
+    rows = _doc_rows()
+    assert set(rows) == emitted
+    for column, machine in ((2, "dgx-h100"), (3, "gb200-nvl72-tray")):
+        labels = topology_labels(snapshot(machine).inventory, NODE)
+        for key, cells in rows.items():
+            shown = cells[column].strip("`")
+            if shown == "–":
+                assert key not in labels, (machine, key)
+            elif "…" not in shown and "<" not in shown:
+                assert labels[key] == shown, (machine, key)
+            elif shown == "<node>":
+                assert labels[key] == NODE
+
+
+def _yaml_docs(name: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all((INTEGRATIONS / name).read_text()) if d]
+
+
+def _known_label(key: str) -> bool:
+    return key == "kubernetes.io/hostname" or (
+        key.startswith("toposlice.dev/") and key.removeprefix("toposlice.dev/") in _doc_rows()
+    )
+
+
+KUEUE_NODE_LABEL = re.compile(
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$"
+)
+
+
+def test_scheduler_examples_use_the_labels_nvlink_domain_then_node() -> None:
+    want = ["toposlice.dev/nvlink-domain", "kubernetes.io/hostname"]
+    topology, flavor = _yaml_docs("kueue-topology.yaml")
+    assert topology["kind"] == "Topology" and flavor["kind"] == "ResourceFlavor"
+    levels = [lv["nodeLabel"] for lv in topology["spec"]["levels"]]
+    assert levels == want and all(KUEUE_NODE_LABEL.match(lv) for lv in levels)
+    assert flavor["spec"]["topologyName"] == topology["metadata"]["name"]
+    vendors = {topology_labels(snapshot(m).inventory, NODE).get("gpu.vendor") for m in MACHINES}
+    for key, value in flavor["spec"]["nodeLabels"].items():
+        assert _known_label(key) and value in vendors
+    (kai,) = _yaml_docs("kai-topology.yaml")
+    assert kai["apiVersion"] == "kai.scheduler/v1alpha1"
+    assert [lv["nodeLabel"] for lv in kai["spec"]["levels"]] == want
+    (cm,) = _yaml_docs("volcano-hypernode-discovery.yaml")
+    conf = yaml.safe_load(cm["data"]["volcano-controller.conf"])
+    (source,) = conf["networkTopologyDiscovery"]
+    assert source["source"] == "label" and source["enabled"] is True
+    types = source["config"]["networkTopologyTypes"]
+    assert all(len(name) <= 20 for name in types)
+    assert [[lv["nodeLabel"] for lv in levels] for levels in types.values()] == [want]
+
+
+def test_gpu_clique_rule_reads_the_node_feature_attributes() -> None:
+    (rule,) = _yaml_docs("nfd-gpu-clique-rule.yaml")
+    (r,) = rule["spec"]["rules"]
+    (term,) = r["matchFeatures"]
+    from normalize.node_feature import FEATURE_SET
+
+    assert term["feature"] == FEATURE_SET
+    assert set(term["matchExpressions"]) == {"gpu.clique"}
+    assert (
+        f".{FEATURE_SET} " in r["labelsTemplate"]
+        and "nvidia.com/gpu.clique=" in r["labelsTemplate"]
+    )
+    # The attribute it reads is there, with nvidia.com/gpu.clique's value, only on a clique.
+    gb200 = build_node_feature(snapshot("gb200-nvl72-tray").inventory, NODE, "ns")
+    elements = gb200["spec"]["features"]["attributes"][FEATURE_SET]["elements"]
+    assert elements["gpu.clique"] == gb200["spec"]["labels"]["toposlice.dev/gpu.clique"]
+    dgx = build_node_feature(snapshot("dgx-h100").inventory, NODE, "ns")
+    assert "gpu.clique" not in dgx["spec"]["features"]["attributes"][FEATURE_SET]["elements"]
