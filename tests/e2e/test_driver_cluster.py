@@ -9,8 +9,10 @@ drivers start once for the module; the tests run in file order (the restarts las
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
+import sys
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
@@ -22,7 +24,7 @@ import pytest
 import yaml
 
 from driver.nccl_topo import nic_bus_id
-from tests.e2e.cluster import Cluster, poll
+from tests.e2e.cluster import FEATURE_GATES, Cluster, free_ports, poll
 from tests.e2e.toposlice_setup import (
     DRIVER,
     NodeDriver,
@@ -340,3 +342,213 @@ def test_example_allocated_by_the_scheduler_and_prepared(
         0.2,
         "claims deleted",
     )
+
+
+# -- the scorer: behind a second real kube-scheduler, and its emitted claims ---------------
+
+REPO = Path(__file__).resolve().parents[2]
+PAIR_LABEL = "e2e.toposlice.dev/pair"
+NVSWITCH_NODE, PCIE_NODE = "e2e-drv-dgx", "e2e-drv-pcie"
+
+
+def _graph_files(drivers: dict[str, NodeDriver], nodes: list[str], where: Path) -> list[str]:
+    """Each node's graph as its driver serves it (/v1/topology), saved for ``--graph``."""
+    files = []
+    for node in nodes:
+        status, body = drivers[node].http("/v1/topology")
+        assert status == 200, node
+        path = where / f"{node}.json"
+        path.write_bytes(body)
+        files.append(str(path))
+    return files
+
+
+@pytest.fixture(scope="module")
+def scorer(
+    cluster: Cluster, drivers: dict[str, NodeDriver], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[str, list[str]]]:
+    """``toposlice scorer serve`` over the drivers' graphs, reading claims as admin; the
+    scheduler profile of examples/scheduler/kube-scheduler-config.yaml, its address
+    adapted, in a second kube-scheduler. Yields (scorer process name, graph files)."""
+    where = tmp_path_factory.mktemp("scorer")
+    graphs = _graph_files(drivers, list(MACHINES), where)
+    (port,) = free_ports(1)
+    argv = [sys.executable, "-m", "toposlice", "scorer", "serve", "--http-addr"]
+    argv += [f"127.0.0.1:{port}", "--driver", DRIVER]
+    for g in graphs:
+        argv += ["--graph", g]
+    env = dict(os.environ, KUBECONFIG=str(cluster.kubeconfig))
+    cluster.spawn("toposlice-scorer", argv, env=env)
+    import urllib.request
+
+    poll(
+        lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2).status == 200,
+        30,
+        0.1,
+        "scorer /healthz",
+    )
+    config = yaml.safe_load((REPO / "examples/scheduler/kube-scheduler-config.yaml").read_text())
+    config["extenders"][0]["urlPrefix"] = f"http://127.0.0.1:{port}"
+    config["clientConnection"] = {"kubeconfig": str(cluster.dir / "scheduler.kubeconfig")}
+    cfg = where / "kube-scheduler-config.yaml"
+    cfg.write_text(yaml.safe_dump(config))
+    gates = ",".join(f"{g}=true" for g in FEATURE_GATES)
+    cluster.spawn(
+        "kube-scheduler-toposlice",
+        [
+            str(cluster.bin / "kube-scheduler"),
+            f"--config={cfg}",
+            "--secure-port=0",
+            f"--feature-gates={gates}",
+        ],
+    )
+    for node in (NVSWITCH_NODE, PCIE_NODE):
+        cluster.kubectl("label", "node", node, f"{PAIR_LABEL}=tp", "--overwrite")
+    try:
+        yield "toposlice-scorer", graphs
+    finally:
+        cluster.kill("kube-scheduler-toposlice")
+        cluster.kill("toposlice-scorer")
+        for node in (NVSWITCH_NODE, PCIE_NODE):
+            cluster.kubectl("label", "node", node, f"{PAIR_LABEL}-")
+
+
+def _tp_pod(name: str, gpus: int = 2) -> list[dict[str, Any]]:
+    template = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": f"{name}-gpus"},
+        "spec": {
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {
+                            "name": "gpus",
+                            "exactly": {"deviceClassName": f"gpu.{DRIVER}", "count": gpus},
+                        }
+                    ]
+                }
+            }
+        },
+    }
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            # GPU count from the claim; the pattern from the annotation (docs/scorer.md).
+            "annotations": {"toposlice.dev/workload": "pattern: tensor-parallel"},
+        },
+        "spec": {
+            "schedulerName": "toposlice-scheduler",
+            "nodeSelector": {PAIR_LABEL: "tp"},
+            "resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": f"{name}-gpus"}],
+            "containers": [
+                {"name": "c", "image": "pause", "resources": {"claims": [{"name": "gpus"}]}}
+            ],
+        },
+    }
+    return [template, pod]
+
+
+def _node_of(cluster: Cluster, ns: str, pod: str) -> str | None:
+    obj = json.loads(cluster.kubectl("-n", ns, "get", "pod", pod, "-o", "json"))
+    node: str | None = obj["spec"].get("nodeName")
+    return node
+
+
+def _namespace(cluster: Cluster, ns: str) -> None:
+    cluster.kubectl("create", "namespace", ns)
+
+
+def _drop_namespace(cluster: Cluster, ns: str) -> None:
+    cluster.kubectl("-n", ns, "delete", "pod", "--all", "--force", "--grace-period=0")
+    cluster.kubectl("delete", "namespace", ns, "--wait=false")
+
+
+def test_extender_puts_tensor_parallel_on_nvswitch_and_is_ignorable(
+    cluster: Cluster, drivers: dict[str, NodeDriver], scorer: tuple[str, list[str]]
+) -> None:
+    ns = "e2e-extender"
+    _namespace(cluster, ns)
+    try:
+        # Three 2-GPU TP pods one after another: each lands on the NVSwitch machine (a
+        # tie broken at random would put all three there one time in eight).
+        for i in range(3):
+            objs = _tp_pod(f"tp-{i}")
+            for o in objs:
+                o["metadata"]["namespace"] = ns
+            cluster.apply(objs)
+            node = poll(lambda i=i: _node_of(cluster, ns, f"tp-{i}"), 30, 0.1, f"tp-{i} bound")
+            assert node == NVSWITCH_NODE, cluster.log_tail("kube-scheduler-toposlice")
+
+        # The scorer stopped: `ignorable: true` lets the scheduler go on without it.
+        cluster.kill(scorer[0])
+        objs = _tp_pod("tp-no-scorer")
+        for o in objs:
+            o["metadata"]["namespace"] = ns
+        cluster.apply(objs)
+        node = poll(lambda: _node_of(cluster, ns, "tp-no-scorer"), 30, 0.1, "bound w/o scorer")
+        assert node in (NVSWITCH_NODE, PCIE_NODE)
+    finally:
+        _drop_namespace(cluster, ns)
+        _wait_no_claims(cluster)
+
+
+def _wait_no_claims(cluster: Cluster) -> None:
+    poll(
+        lambda: (
+            not json.loads(cluster.kubectl("get", "resourceclaims", "-A", "-o", "json"))["items"]
+        ),
+        30,
+        0.2,
+        "claims deleted",
+    )
+
+
+@pytest.mark.parametrize("request_file", ["decode-2gpu.yaml", "tp4-training.yaml"])
+def test_emitted_claim_is_allocated_to_the_scorers_choice(
+    cluster: Cluster,
+    drivers: dict[str, NodeDriver],
+    scorer: tuple[str, list[str]],
+    tmp_path: Path,
+    request_file: str,
+) -> None:
+    request = REPO / "examples" / "requests" / request_file
+    emitted = tmp_path / "claim.yaml"
+    argv = [sys.executable, "-m", "toposlice", "-q", "score", "--request", str(request)]
+    argv += ["--graph", *scorer[1], "-o", "json", "--top", "1", "--emit-claim", str(emitted)]
+    out = subprocess.run(argv, capture_output=True, text=True, check=True, cwd=REPO)
+    (best,) = json.loads(out.stdout)["placements"]
+    items = yaml.safe_load(emitted.read_text())["items"]
+    (template,) = [o for o in items if o["kind"] == "ResourceClaimTemplate"]
+    assert template["metadata"]["annotations"]["toposlice.dev/node"] == best["node"]
+    ns = f"e2e-emit-{request.stem}"
+    _namespace(cluster, ns)
+    try:
+        template["metadata"]["namespace"] = ns
+        name = template["metadata"]["name"]
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {
+                "nodeSelector": {"kubernetes.io/hostname": best["node"]},
+                "resourceClaims": [{"name": "c", "resourceClaimTemplateName": name}],
+                "containers": [
+                    {"name": "c", "image": "pause", "resources": {"claims": [{"name": "c"}]}}
+                ],
+            },
+        }
+        # The DeviceClasses it lists are the chart's, already installed.
+        cluster.apply([template, pod])
+        what, claim = poll(lambda: _outcome(cluster, ns, name), 30, 0.1, "emitted claim")
+        assert what == "allocated" and claim is not None
+        results = claim["status"]["allocation"]["devices"]["results"]
+        assert {r["pool"] for r in results} == {best["node"]}
+        # Every request takes its first alternative: the scorer's own choice.
+        assert all(r["request"].endswith("/chosen") for r in results), results
+        assert {r["device"] for r in results} == set(best["devices"])
+    finally:
+        _drop_namespace(cluster, ns)
+        _wait_no_claims(cluster)
