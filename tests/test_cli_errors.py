@@ -41,6 +41,7 @@ FILES = {
     "notjson.txt": "notjson\n",
     "kubeconfig.yaml": KUBECONFIG,
     "request.yaml": "gpus: 16\n",
+    "machine.yaml": "name: x\n",
 }
 
 #: The driver's host directories, pointed into {host} (a short temporary directory: socket
@@ -62,6 +63,11 @@ CASES: dict[str, Case] = {
     # Bugs
     "serve-unknown-fake": Case(
         "serve --fake nope --http-addr 127.0.0.1:0", 2, ("unknown fake machine 'nope'",)
+    ),
+    "serve-invalid-machine-file": Case(
+        "serve --fake {tmp}/machine.yaml --http-addr 127.0.0.1:0",
+        2,
+        ("{tmp}/machine.yaml: missing required key 'cpu'",),
     ),
     "scorer-serve-unknown-fake": Case(
         "scorer serve --no-kube --fake nope --http-addr 127.0.0.1:0",

@@ -169,7 +169,7 @@ def check_source(args: argparse.Namespace) -> None:
 
 def check_fake(fake: str) -> None:
     """An unknown machine name, a missing machine file, or one that is not YAML."""
-    from discovery.fake import machine_path
+    from discovery.fake import load_machine, machine_path
 
     if not (fake.endswith((".yaml", ".yml")) or "/" in fake):
         machine_path(fake)  # ValueError listing the shipped machines
@@ -185,6 +185,7 @@ def check_fake(fake: str) -> None:
         raise ValueError(f"--fake {fake}: {exc.strerror or exc}") from exc
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
         raise ValueError(f"--fake {fake}: not valid YAML: {yaml_error_line(exc)}") from exc
+    load_machine(fake)  # the machine's own checks (ValueError naming the file and key)
 
 
 def read_inventory_file(path: str) -> Inventory:
