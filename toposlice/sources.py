@@ -164,7 +164,8 @@ def check_source(args: argparse.Namespace) -> None:
         root = host_root(getattr(args, "root", None))
         if not os.path.isdir(root):
             flag = "--root" if getattr(args, "root", None) else "$HOST_ROOT"
-            raise ValueError(f"{flag} {root}: no such directory")
+            why = "not a directory" if os.path.exists(root) else "no such directory"
+            raise ValueError(f"{flag} {root}: {why}")
 
 
 def check_fake(fake: str) -> None:
