@@ -30,6 +30,7 @@ from tests.e2e.toposlice_setup import (
     NodeDriver,
     cli_slices,
     install,
+    pod_outcome,
     published_slices,
     uninstall,
 )
@@ -206,31 +207,6 @@ def test_another_nodes_slice_is_refused_with_the_policys_message(
 # -- examples/ allocated by the real scheduler, prepared by the driver --------------------
 
 
-def _claim_of(cluster: Cluster, ns: str, pod: str) -> dict[str, Any] | None:
-    obj = json.loads(cluster.kubectl("-n", ns, "get", "pod", pod, "-o", "json"))
-    statuses = obj.get("status", {}).get("resourceClaimStatuses") or []
-    if not statuses or not statuses[0].get("resourceClaimName"):
-        return None
-    claim: dict[str, Any] = json.loads(
-        cluster.kubectl(
-            "-n", ns, "get", "resourceclaim", statuses[0]["resourceClaimName"], "-o", "json"
-        )
-    )
-    return claim
-
-
-def _outcome(cluster: Cluster, ns: str, pod: str) -> tuple[str, dict[str, Any] | None] | None:
-    """("allocated", claim) or ("unschedulable", claim), None while undecided."""
-    obj = json.loads(cluster.kubectl("-n", ns, "get", "pod", pod, "-o", "json"))
-    claim = _claim_of(cluster, ns, pod)
-    if claim is not None and (claim.get("status") or {}).get("allocation"):
-        return ("allocated", claim) if obj["spec"].get("nodeName") else None
-    for cond in obj.get("status", {}).get("conditions") or []:
-        if cond["type"] == "PodScheduled" and cond.get("reason") == "Unschedulable":
-            return "unschedulable", claim
-    return None
-
-
 def _bus_ids(cluster: Cluster, node: str, names: set[str]) -> set[str]:
     """The NCCL bus IDs of these devices, from their published pciBusID: a NIC's ports
     and functions are one NCCL ``pci`` element at function 0 (driver/nccl_topo.py)."""
@@ -276,7 +252,9 @@ def _run_example(
             d["metadata"]["namespace"] = ns
         cluster.apply(docs)
         name = pod["metadata"]["name"]
-        what, claim = poll(lambda: _outcome(cluster, ns, name), 30, 0.1, f"{path.name} on {node}")
+        what, claim = poll(
+            lambda: pod_outcome(cluster, ns, name), 30, 0.1, f"{path.name} on {node}"
+        )
         if want is None:
             assert what == "unschedulable", f"{path.name} on {machine}: comment says unsatisfiable"
             assert claim is None or not (claim.get("status") or {}).get("allocation")
@@ -542,7 +520,7 @@ def test_emitted_claim_is_allocated_to_the_scorers_choice(
         }
         # The DeviceClasses it lists are the chart's, already installed.
         cluster.apply([template, pod])
-        what, claim = poll(lambda: _outcome(cluster, ns, name), 30, 0.1, "emitted claim")
+        what, claim = poll(lambda: pod_outcome(cluster, ns, name), 30, 0.1, "emitted claim")
         assert what == "allocated" and claim is not None
         results = claim["status"]["allocation"]["devices"]["results"]
         assert {r["pool"] for r in results} == {best["node"]}

@@ -99,15 +99,76 @@ def cli_slices(machine: str, node: str, *extra: str) -> list[dict[str, Any]]:
     return data
 
 
+def claim_of(cluster: Cluster, ns: str, pod: str) -> dict[str, Any] | None:
+    obj = json.loads(cluster.kubectl("-n", ns, "get", "pod", pod, "-o", "json"))
+    statuses = obj.get("status", {}).get("resourceClaimStatuses") or []
+    if not statuses or not statuses[0].get("resourceClaimName"):
+        return None
+    claim: dict[str, Any] = json.loads(
+        cluster.kubectl(
+            "-n", ns, "get", "resourceclaim", statuses[0]["resourceClaimName"], "-o", "json"
+        )
+    )
+    return claim
+
+
+def pod_outcome(cluster: Cluster, ns: str, pod: str) -> tuple[str, dict[str, Any] | None] | None:
+    """("allocated", claim) once the pod is bound with its claim allocated,
+    ("unschedulable", claim) once the scheduler said so; None while undecided."""
+    obj = json.loads(cluster.kubectl("-n", ns, "get", "pod", pod, "-o", "json"))
+    claim = claim_of(cluster, ns, pod)
+    if claim is not None and (claim.get("status") or {}).get("allocation"):
+        return ("allocated", claim) if obj["spec"].get("nodeName") else None
+    for cond in obj.get("status", {}).get("conditions") or []:
+        if cond["type"] == "PodScheduled" and cond.get("reason") == "Unschedulable":
+            return "unschedulable", claim
+    return None
+
+
+def claim_pod(
+    name: str, node: str, requests: list[dict[str, Any]], namespace: str
+) -> list[dict[str, Any]]:
+    """A ResourceClaimTemplate with these requests and a Pod using it, pinned to ``node``
+    by nodeSelector (the scheduler still allocates)."""
+    template = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"spec": {"devices": {"requests": requests}}},
+    }
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": node},
+            "resourceClaims": [{"name": "c", "resourceClaimTemplateName": name}],
+            "containers": [
+                {"name": "c", "image": "pause", "resources": {"claims": [{"name": "c"}]}}
+            ],
+        },
+    }
+    return [template, pod]
+
+
 class NodeDriver:
     """``toposlice run --fake MACHINE --node-name NODE`` as the chart's ServiceAccount."""
 
     def __init__(
-        self, cluster: Cluster, node: str, machine: str, *extra: str, resync_s: float = 1.0
+        self,
+        cluster: Cluster,
+        node: str,
+        machine: str,
+        *extra: str,
+        resync_s: float = 1.0,
+        root: Path | None = None,
     ) -> None:
+        """``root``: read this filesystem tree (``--root``, a live host as far as the
+        driver knows: link states polled from its sysfs) instead of ``--fake MACHINE``."""
         self.cluster = cluster
         self.node = node
         self.machine = machine
+        self.root = root
         self.extra = extra
         self.resync_s = resync_s
         # Unix socket paths must stay short (108 bytes): a folder of its own under $TMPDIR.
@@ -137,7 +198,7 @@ class NodeDriver:
         return str(self.registered.info.endpoint)
 
     def argv(self) -> list[str]:
-        return run_argv(
+        argv = run_argv(
             self.base,
             self.kubeconfig,
             self.node,
@@ -153,6 +214,10 @@ class NodeDriver:
             machine=self.machine,
             cdi_root=self.cdi,
         )
+        if self.root is not None:
+            at = argv.index("--fake")
+            argv[at : at + 2] = ["--root", str(self.root)]
+        return argv
 
     def start(self) -> NodeDriver:
         env = dict(os.environ, TOPOSLICE_FAKE_TMPDIR=str(self.fake_tmp))
