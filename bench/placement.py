@@ -279,7 +279,7 @@ def run_policy(name: str, nodes: list[NodeTopology], jobs: list[Job], seed: int)
         )
 
     departures: list[tuple[float, int, ClusterPlacement, bool]] = []
-    admitted, bws, decisions, stranded = 0, [], [], []
+    admitted, bws, decisions, stranded, gpu_hours = 0, [], [], [], 0.0
     for job in jobs:
         while departures and departures[0][0] <= job.arrival:
             _, _, cp, memory = heapq.heappop(departures)
@@ -294,6 +294,7 @@ def run_policy(name: str, nodes: list[NodeTopology], jobs: list[Job], seed: int)
         if cp is None:
             continue
         admitted += 1
+        gpu_hours += job.req.gpus * job.duration / 3600.0
         memory = job.req.bound == "memory"
         for p in cp.pods:
             pool = by_name[p.node].pool
@@ -308,6 +309,7 @@ def run_policy(name: str, nodes: list[NodeTopology], jobs: list[Job], seed: int)
     return {
         "jobs": len(jobs),
         "admitted": admitted,
+        "gpu_hours": round(gpu_hours, 1),
         "mean_busbw_gbps": round(sum(bws) / len(bws), 2) if bws else 0.0,
         "stranded_gpu_frac": round(sum(stranded) / len(stranded), 4),
         "p99_decision_ms": round(p99, 3),
@@ -616,6 +618,7 @@ def main(argv: list[str] | None = None) -> int:
     ratio = s["mean_busbw_gbps"] / f["mean_busbw_gbps"] if f["mean_busbw_gbps"] else math.inf
     print(
         f"targets: admitted {s['admitted']} >= {f['admitted']}: {s['admitted'] >= f['admitted']}; "
+        f"GPU-hours {s['gpu_hours']} >= {f['gpu_hours']}: {s['gpu_hours'] >= f['gpu_hours']}; "
         f"busbw ratio {ratio:.2f} >= 1.5: {ratio >= 1.5}; "
         f"p99 {s['p99_decision_ms']} ms <= 50: {s['p99_decision_ms'] <= 50}",
         file=sys.stderr,

@@ -139,11 +139,12 @@ class NodeState:
             tuple(g.vid for g in self.free_gpus) if filtered else None,
         )
         self._frag_before: float | None = None
+        self.free_rdma = sum(1 for n in self.free_nics if n.rdma)
 
     @property
     def frag_before(self) -> float:
         if self._frag_before is None:
-            self._frag_before = block_value(self.topo, self.all_free_gpus)
+            self._frag_before = block_value(self.topo, self.all_free_gpus, self.free_rdma)
         return self._frag_before
 
 
@@ -159,7 +160,7 @@ def node_eligible(topo: NodeTopology, req: Request) -> bool:
 
 
 _BUSBW_CACHE: dict[tuple[str, frozenset[str]], float] = {}
-_BLOCK_CACHE: dict[tuple[str, frozenset[str]], float] = {}
+_BLOCK_CACHE: dict[tuple[str, frozenset[str], int | None], float] = {}
 
 
 def set_busbw(topo: NodeTopology, gpus: Sequence[GpuView]) -> float:
@@ -201,21 +202,27 @@ def greedy_sets(
     return out
 
 
-def block_value(topo: NodeTopology, free: Sequence[GpuView]) -> float:
+def block_value(topo: NodeTopology, free: Sequence[GpuView], free_rdma: int | None = None) -> float:
     """The node's worth to future multi-GPU jobs: for each future size, pack disjoint best
     blocks greedily and add GPUs × block worth (``block_worth``), weighted by the size mix,
-    in units of a full 8-GPU board at ``REF_GBPS``."""
-    key = (topo.signature, frozenset(g.vid for g in free))
+    in units of a full 8-GPU board at ``REF_GBPS``. With ``free_rdma`` (free RDMA NICs), a
+    block beyond those NICs (one per GPU, best blocks first) is worth ``NO_NIC_SHARE`` of
+    that: it can host an in-node job, not a job that needs its GPUDirect NICs."""
+    key = (topo.signature, frozenset(g.vid for g in free), free_rdma)
     value = _BLOCK_CACHE.get(key)
     if value is None:
         value = 0.0
         for size, weight in FUTURE_SIZES.items():
-            value += weight * _packed_gbps(topo, list(free), size)
+            value += weight * _packed_gbps(topo, list(free), size, free_rdma)
         value /= REF_GBPS * 8
         if len(_BLOCK_CACHE) > 200_000:
             _BLOCK_CACHE.clear()
         _BLOCK_CACHE[key] = value
     return value
+
+
+#: Worth of a free block that its node has no free RDMA NICs left for.
+NO_NIC_SHARE = 0.3
 
 
 def network_ready(topo: NodeTopology) -> bool:
@@ -229,10 +236,22 @@ def block_worth(bw: float) -> float:
     return COUNT_SHARE * REF_GBPS + (1.0 - COUNT_SHARE) * bw
 
 
-def _packed_gbps(topo: NodeTopology, free: list[GpuView], size: int) -> float:
+def _packed_gbps(
+    topo: NodeTopology, free: list[GpuView], size: int, free_rdma: int | None = None
+) -> float:
+    nics = math.inf if free_rdma is None else free_rdma
+
+    def worth(bw: float) -> float:
+        nonlocal nics
+        w = size * block_worth(bw)
+        if nics >= size:
+            nics -= size
+            return w
+        return w * NO_NIC_SHARE
+
     xbar = crossbar_gbps(free) if free else None
     if xbar is not None:
-        return (len(free) // size) * size * block_worth(xbar)
+        return sum(worth(xbar) for _ in range(len(free) // size))
     total = 0.0
     while len(free) >= size:
         if math.comb(len(free), size) <= ENUM_LIMIT:
@@ -245,7 +264,7 @@ def _packed_gbps(topo: NodeTopology, free: list[GpuView], size: int) -> float:
         bw = set_busbw(topo, block)
         if bw <= 0:
             break
-        total += size * block_worth(bw)
+        total += worth(bw)
         taken = {g.vid for g in block}
         free = [g for g in free if g.vid not in taken]
     return total
@@ -439,7 +458,8 @@ def score_set(
         explain.append(f"{shared:g} GPU(s) share a PCIe switch/root with memory-bound work")
     chosen = {g.vid for g in gpus}
     after = [g for g in state.all_free_gpus if g.vid not in chosen]
-    loss = max(0.0, state.frag_before - block_value(topo, after))
+    rdma_left = state.free_rdma - sum(1 for _, nic in pairs if nic.rdma)
+    loss = max(0.0, state.frag_before - block_value(topo, after, rdma_left))
     parts["capacity_loss"] = loss
     parts["fragmentation"] = 1.0 - loss
     if loss > 1e-9:
