@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,18 @@ def hwloc_roots(tmp_path_factory: pytest.TempPathFactory) -> ExtractedCases:
     if os.environ.get("PYTEST_XDIST_WORKER"):
         base = base.parent
     return ExtractedCases(base / "hwloc")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def fake_tree_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """``--fake`` trees are cached (discovery/fake/cache.py) in a folder of this run, not
+    the user's; xdist workers share it (entries are renamed into place whole)."""
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TOPOSLICE_FAKE_CACHE", str(base / "fake-cache"))
+        yield base / "fake-cache"
 
 
 def link_copy(src: Path, dest: Path) -> Path:

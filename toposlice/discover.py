@@ -36,9 +36,10 @@ def discover(
     only what a replay will see.
     """
     if fake is not None:
-        from discovery.fake import fake_host
+        # The generated tree is kept between runs (discovery/fake/cache.py): read only.
+        from discovery.fake.cache import cached_host
 
-        with fake_host(fake) as host:
+        with cached_host(fake) as host:
             inv = discover_root(Root(host.root, False), probes, host.nvml if nvml is None else nvml)
             inv.source = {"fake": fake}
             return inv

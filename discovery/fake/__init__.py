@@ -17,12 +17,16 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from importlib import import_module
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from discovery.fake.loader import load_file, load_yaml, parse_machine
-from discovery.fake.nvml import FakeNvml, NVMLError
-from discovery.fake.spec import MachineSpec
-from discovery.fake.sysfs_builder import build_sysfs
+if TYPE_CHECKING:
+    from discovery.fake.loader import load_file as load_file
+    from discovery.fake.loader import load_yaml, parse_machine
+    from discovery.fake.nvml import FakeNvml, NVMLError
+    from discovery.fake.spec import MachineSpec
+    from discovery.fake.sysfs_builder import build_sysfs
 
 __all__ = [
     "MACHINES_DIR",
@@ -40,6 +44,28 @@ __all__ = [
     "parse_machine",
     "scratch_dir",
 ]
+
+#: Names re-exported from the submodules, imported on first use: a ``--fake`` run whose
+#: tree is cached (discovery/fake/cache.py) needs neither the YAML loader nor the builder.
+_LAZY = {
+    "FakeNvml": "discovery.fake.nvml",
+    "NVMLError": "discovery.fake.nvml",
+    "MachineSpec": "discovery.fake.spec",
+    "build_sysfs": "discovery.fake.sysfs_builder",
+    "load_file": "discovery.fake.loader",
+    "load_yaml": "discovery.fake.loader",
+    "parse_machine": "discovery.fake.loader",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 MACHINES_DIR = Path(__file__).resolve().parent / "machines"
 
@@ -66,14 +92,22 @@ def load_machine(name_or_path: str) -> MachineSpec:
     if name_or_path.endswith((".yaml", ".yml")) or "/" in name_or_path:
         if not candidate.is_file():
             raise ValueError(f"fake machine file {name_or_path!r} does not exist")
-        return load_file(candidate)
-    return load_file(machine_path(name_or_path))
+        return _load_file(candidate)
+    return _load_file(machine_path(name_or_path))
+
+
+def _load_file(path: Path) -> MachineSpec:
+    from discovery.fake.loader import load_file
+
+    return load_file(path)
 
 
 def make_nvml(spec: MachineSpec, fail_init: bool = False) -> FakeNvml | None:
     """A fake pynvml for the machine's NVIDIA GPUs; None when it has none."""
     if not spec.nvidia_gpus():
         return None
+    from discovery.fake.nvml import FakeNvml
+
     return FakeNvml(spec, fail_init=fail_init)
 
 
@@ -102,7 +136,9 @@ def fake_host(
     name_or_path: str | MachineSpec, tmp_dir: str | os.PathLike[str] | None = None
 ) -> Iterator[FakeHost]:
     """Generate the machine's tree in a temporary directory, removed on exit."""
-    spec = name_or_path if isinstance(name_or_path, MachineSpec) else load_machine(name_or_path)
+    from discovery.fake.sysfs_builder import build_sysfs
+
+    spec = load_machine(name_or_path) if isinstance(name_or_path, str) else name_or_path
     parent = os.fspath(tmp_dir) if tmp_dir is not None else scratch_dir()
     tmp = Path(tempfile.mkdtemp(prefix=f"toposlice-fake-{spec.name}-", dir=parent))
     try:

@@ -14,7 +14,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from discovery.fake.loader import parse_bdf
 from discovery.fake.spec import (
     NVML_FUNCTIONS,
     FabricSpec,
@@ -305,6 +304,8 @@ class FakeNvml:
 
     def nvmlDeviceGetHandleByPciBusId(self, bus_id: str | bytes) -> FakeNvmlDevice:
         self._enter("nvmlDeviceGetHandleByPciBusId")
+        from discovery.fake.loader import parse_bdf  # the YAML loader: only when asked
+
         text = bus_id.decode() if isinstance(bus_id, bytes) else bus_id
         try:
             if isinstance(text, str) and text.count(":") == 1:

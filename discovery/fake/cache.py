@@ -1,0 +1,160 @@
+"""Generated fake trees kept between runs, so that ``--fake NAME`` costs no tree build.
+
+Building a machine's tree (thousands of small files) and deleting it again took most of
+a cold ``toposlice discover --fake``. Trees are deterministic, so each is built once and
+kept under the cache folder, keyed by a hash of the machine file's bytes and of the
+generator's own source: an edited machine file or generator gives a new entry, and the
+entries of the same machine with another key are removed then. An entry is complete or
+absent (built in a temporary folder, renamed into place). The parsed machine is kept
+beside the tree (pickled), so a hit needs neither the YAML parser nor the loader.
+
+Callers only read the tree. ``$TOPOSLICE_FAKE_CACHE`` names the folder (``off``: no
+cache, a fresh tree each time as :func:`discovery.fake.fake_host` makes); the default is
+``$XDG_CACHE_HOME/toposlice/fake`` (``~/.cache/toposlice/fake``). When the folder cannot
+be written, the tree is built in a temporary folder and removed after use.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from discovery.fake import FakeHost
+    from discovery.fake.spec import MachineSpec
+
+__all__ = ["CACHE_ENV", "cache_dir", "cached_host", "machine_key"]
+
+CACHE_ENV = "TOPOSLICE_FAKE_CACHE"
+_HERE = Path(__file__).resolve().parent
+_SPEC = "machine.pickle"
+_TREE = "root"
+
+
+def cache_dir() -> Path | None:
+    """The cache folder, or None when ``$TOPOSLICE_FAKE_CACHE`` is ``off`` (or empty)."""
+    env = os.environ.get(CACHE_ENV)
+    if env is not None:
+        return None if env.strip().lower() in ("", "off", "0", "no") else Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "toposlice" / "fake"
+
+
+def _generator_digest() -> bytes:
+    """The generator's source (every module of this package and the two it borrows from)
+    and the Python version: what, besides the machine file, decides the tree and the
+    pickled spec."""
+    h = hashlib.sha256(f"{sys.version_info[:2]}/{pickle.HIGHEST_PROTOCOL}".encode())
+    outside = [_HERE.parent / "readers.py", _HERE.parent / "nvml_codes.py"]  # used by the builder
+    for path in [*sorted(_HERE.glob("*.py")), *outside]:
+        h.update(path.name.encode())
+        h.update(path.read_bytes())
+    return h.digest()
+
+
+def machine_key(path: Path) -> str:
+    """The cache key of a machine file: its bytes and the generator's source."""
+    h = hashlib.sha256(_generator_digest())
+    h.update(path.read_bytes())
+    return h.hexdigest()[:24]
+
+
+def _machine_file(name_or_path: str) -> Path:
+    from discovery.fake import machine_path
+
+    if name_or_path.endswith((".yaml", ".yml")) or "/" in name_or_path:
+        path = Path(name_or_path)
+        if not path.is_file():
+            raise ValueError(f"fake machine file {name_or_path!r} does not exist")
+        return path
+    return machine_path(name_or_path)
+
+
+def _entry_prefix(path: Path) -> str:
+    return "".join(c if c.isalnum() or c in "._-" else "_" for c in path.stem)[:64] + "-"
+
+
+def _load_entry(entry: Path) -> MachineSpec | None:
+    try:
+        with open(entry / _SPEC, "rb") as fh:
+            spec = pickle.load(fh)
+    except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError):
+        return None
+    from discovery.fake.spec import MachineSpec
+
+    return spec if isinstance(spec, MachineSpec) and (entry / _TREE).is_dir() else None
+
+
+def _build_entry(cache: Path, entry: Path, path: Path) -> MachineSpec:
+    """Build the tree and the pickled spec in a temporary folder beside ``entry`` and
+    rename it into place; another process that got there first wins."""
+    from discovery.fake.loader import load_file
+    from discovery.fake.sysfs_builder import build_sysfs
+
+    spec = load_file(path)  # ValueError for a bad file: nothing is written then
+    cache.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=cache))
+    try:
+        build_sysfs(spec, tmp / _TREE)
+        with open(tmp / _SPEC, "wb") as fh:
+            pickle.dump(spec, fh, protocol=pickle.HIGHEST_PROTOCOL)
+            fh.flush()
+            os.fsync(fh.fileno())
+        try:
+            os.rename(tmp, entry)
+        except OSError:
+            if not entry.is_dir():
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)  # a concurrent build won
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _prune(cache, entry, _entry_prefix(path))
+    return spec
+
+
+def _prune(cache: Path, keep: Path, prefix: str) -> None:
+    """Remove the same machine's entries under other keys (an older file or generator)."""
+    for other in cache.iterdir():
+        if other != keep and other.name.startswith(prefix):
+            trash = cache / f".trash-{other.name}"
+            try:
+                os.rename(other, trash)
+            except OSError:
+                continue
+            shutil.rmtree(trash, ignore_errors=True)
+
+
+@contextmanager
+def cached_host(name_or_path: str) -> Iterator[FakeHost]:
+    """The fake machine ``name_or_path`` (a shipped name or a YAML file) as a read-only
+    :class:`~discovery.fake.FakeHost`: its cached tree, built on first use; a temporary
+    tree removed on exit when the cache is off or cannot be written."""
+    from discovery.fake import FakeHost, fake_host, make_nvml
+
+    path = _machine_file(name_or_path)
+    cache = cache_dir()
+    spec = None
+    if cache is not None:
+        entry = cache / (_entry_prefix(path) + machine_key(path))
+        spec = _load_entry(entry)
+        if spec is None:
+            if entry.exists():  # damaged or from another Python: rebuilt
+                shutil.rmtree(entry, ignore_errors=True)
+            try:
+                spec = _build_entry(cache, entry, path)
+            except OSError:
+                spec = None  # read-only or full: a temporary tree below
+    if spec is None:
+        with fake_host(str(path)) as host:
+            yield host
+        return
+    yield FakeHost(root=entry / _TREE, nvml=make_nvml(spec), spec=spec)

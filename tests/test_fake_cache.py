@@ -1,0 +1,132 @@
+"""``--fake`` trees kept between runs (discovery/fake/cache.py): the same inventory as a
+fresh tree, no rebuild on a hit, a new entry for an edited machine file, damaged or
+unwritable caches survived."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import discovery.fake.sysfs_builder as builder
+from discovery.fake import machine_path
+from discovery.fake.cache import CACHE_ENV, cache_dir, cached_host
+from toposlice.discover import discover
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setenv("TOPOSLICE_FAKE_TMPDIR", str(tmp_path / "scratch"))
+    (tmp_path / "scratch").mkdir()
+    return tmp_path / "cache"
+
+
+@pytest.fixture
+def builds(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    """The roots build_sysfs was called for."""
+    calls: list[Path] = []
+    real = builder.build_sysfs
+
+    def counting(spec: Any, root: Path) -> None:
+        calls.append(Path(root))
+        real(spec, root)
+
+    monkeypatch.setattr(builder, "build_sysfs", counting)
+    return calls
+
+
+def _entries(cache: Path) -> list[str]:
+    return sorted(p.name for p in cache.iterdir()) if cache.exists() else []
+
+
+def test_a_hit_rebuilds_nothing_and_gives_the_fresh_trees_inventory(
+    cache: Path, builds: list[Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = discover(fake="dgx-h100").to_dict()
+    (entry,) = _entries(cache)
+    assert len(builds) == 1 and entry.startswith("dgx-h100-")
+    second = discover(fake="dgx-h100").to_dict()
+    assert len(builds) == 1, "the second run used the cached tree"
+    assert second == first
+    monkeypatch.setenv(CACHE_ENV, "off")
+    fresh = discover(fake="dgx-h100").to_dict()
+    assert len(builds) == 2 and fresh == first
+    assert _entries(cache) == [entry], "cache off neither reads nor writes the cache"
+
+
+def test_cache_off_leaves_nothing(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(CACHE_ENV, "off")
+    assert cache_dir() is None
+    discover(fake="cpu-2s")
+    assert not cache.exists()
+    assert os.listdir(os.environ["TOPOSLICE_FAKE_TMPDIR"]) == []
+
+
+def test_default_folder_follows_xdg(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv(CACHE_ENV, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert cache_dir() == tmp_path / "toposlice" / "fake"
+
+
+def test_an_edited_machine_file_gets_a_new_entry_and_drops_the_old(
+    cache: Path, tmp_path: Path
+) -> None:
+    machine = tmp_path / "mine.yaml"
+    text = machine_path("cpu-2s").read_text(encoding="utf-8")
+    machine.write_text(text + "hostname: before-edit\n", encoding="utf-8")
+    assert discover(fake=str(machine)).hostname == "before-edit"
+    old = _entries(cache)
+    machine.write_text(text + "hostname: after-edit\n", encoding="utf-8")
+    assert discover(fake=str(machine)).hostname == "after-edit"
+    new = _entries(cache)
+    assert len(old) == len(new) == 1 and old != new and new[0].startswith("mine-")
+
+
+def test_a_damaged_entry_is_rebuilt(cache: Path, builds: list[Path]) -> None:
+    discover(fake="cpu-2s")
+    (entry,) = cache.iterdir()
+    (entry / "machine.pickle").write_bytes(b"not a pickle")
+    inv = discover(fake="cpu-2s")
+    assert len(builds) == 2 and inv.numa_nodes
+    shutil.rmtree(entry / "root")
+    assert discover(fake="cpu-2s").to_dict() == inv.to_dict()
+    assert len(builds) == 3
+
+
+def test_an_unwritable_cache_falls_back_to_a_temporary_tree(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv(CACHE_ENV, str(blocker / "cache"))
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setenv("TOPOSLICE_FAKE_TMPDIR", str(scratch))
+    with cached_host("cpu-2s") as host:
+        assert (host.root / "sys/devices/system/cpu").is_dir()
+        assert host.root.parent == scratch
+    assert os.listdir(scratch) == [], "the temporary tree is removed"
+
+
+def test_bad_machines_still_give_one_line_errors(cache: Path, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="unknown fake machine 'nope'"):
+        discover(fake="nope")
+    with pytest.raises(ValueError, match="does not exist"):
+        discover(fake=str(tmp_path / "missing.yaml"))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: [unclosed\n")
+    with pytest.raises(ValueError, match="not valid YAML"):
+        discover(fake=str(bad))
+    assert _entries(cache) == [], "nothing is cached for a bad file"
+
+
+def test_concurrent_first_runs_agree(cache: Path) -> None:
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda _: discover(fake="mi300x-8").to_dict(), range(4)))
+    assert all(r == results[0] for r in results)
+    assert len(_entries(cache)) == 1, "one entry; the losers' temporary trees are gone"
