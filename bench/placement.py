@@ -565,14 +565,14 @@ def main_mixed(args: argparse.Namespace) -> int:
         cb = c["mean_busbw_gbps"] or math.inf
         r1, r2 = s["mean_busbw_gbps"] / cb, lad["mean_busbw_gbps"] / cb
         t1 = r1 >= 1.3 and s["gpu_hours"] >= c["gpu_hours"] and s["nic_locality"] >= 0.98
-        t2 = r2 >= 1.1
+        t2 = r2 >= 1.1 and lad["gpu_hours"] >= 0.95 * c["gpu_hours"]
         ok["scorer"] &= t1
         ok["ladder"] &= t2
         print(
             f"seed {seed} targets: scorer busbw {r1:.2f}x careful (>= 1.3), GPU-hours "
             f"{s['gpu_hours']} vs {c['gpu_hours']}, NIC locality {s['nic_locality']} "
             f"(>= 0.98): {t1}; ladder busbw {r2:.2f}x careful (>= 1.1), GPU-hours "
-            f"{lad['gpu_hours']} vs {c['gpu_hours']}: {t2}",
+            f"{lad['gpu_hours']} vs {c['gpu_hours']} (>= 95 %): {t2}",
             file=sys.stderr,
         )
     print(json.dumps({"cluster": "mixed", "seeds": out, "targets_met": ok}))

@@ -23,12 +23,12 @@ any    nothing (plain count)
 A single GPU without NICs asks first for a GPU outside any NVLink domain or xGMI hive
 (``pcie``), then ``any``: it should not break a block a multi-GPU job needs.
 
-With NICs, one ``gpu-i`` / ``nic-i`` request pair per GPU (``nic-i``: ``nicsPerGpu`` NICs);
-each ``gpu-i`` has the rungs below, and constraints name the rung sub-requests, so a
-constraint binds only when that rung is the one chosen:
+With NICs, one ``gpu-i`` / ``nic-i`` request pair per GPU. ``gpu-i`` has the rungs below;
+``nic-i`` has the sub-requests ``paired`` then ``unpaired`` (``nicsPerGpu`` NICs each).
+Constraints name sub-requests, so a constraint binds only when that rung is the one chosen:
 
 ======== ==================================== ==========================================
-rung     the GPUs of this rung share          GPU i and its NICs share
+rung     the GPUs of this rung share          GPU i and ``nic-i/paired`` share
 ======== ==================================== ==========================================
 nvlink   ``nvlinkDomain``                     ``pcieRoot``
 xgmi     ``xgmiHive``                         ``toposlice.dev/nicAffinity``
@@ -36,13 +36,21 @@ switch   ``pcieSwitch`` and ``numaNode``      —
 root     ``numaNode`` (with switch, socket)   ``pcieRoot``
 socket   ``numaNode`` (with switch, root)     —
 affinity —                                    ``nicAffinity``
-numa     —                                    ``numaNode``
 any      —                                    —
 ======== ==================================== ==========================================
 
-That is 8 sub-requests (the API's limit) and 3 constraints per pair plus 4, so up to 9
-pairs fit in 32 constraints; 10..14 pairs drop the ``numa`` pair rung, and larger counts
-(or more than 16 GPUs: 32 requests) use the count ladder with a ``nics`` request.
+A paired rung may not take ``nic-i/unpaired`` (a constraint ``matchAttribute:
+toposlice.dev/type`` over the paired GPU rungs and ``nic-i/unpaired``: a GPU and a NIC never
+share a type, and that constraint binds nothing else), so the allocator tries every GPU of
+a paired rung before it drops to a looser one. ``nic-i/paired`` needs a NIC with
+``pcieRoot`` and ``nicAffinity`` (one close to some GPU); a machine without such NICs
+(GB200 trays) still gets its GPUs and NICs through the unpaired rungs.
+
+Per pair that is 1 + the pair attributes in use constraints, plus 4 set constraints and one
+for CPUs: all rungs up to 9 pairs (32 constraints); 10..13 pairs drop the ``nicAffinity``
+rungs; beyond that (or above 16 GPUs: 32 requests) the count ladder with a ``nics`` request.
+With a chosen placement (``--emit-claim``), ``gpu-i/chosen`` (that GPU, pinned by
+``pciBusID``) and ``nic-i/chosen`` come first.
 """
 
 from __future__ import annotations
@@ -70,7 +78,19 @@ SET_RUNGS: tuple[tuple[str, str | None], ...] = (
     ("numa", NUMA_NODE),
     ("any", None),
 )
-PAIR_RUNGS = ("nvlink", "xgmi", "switch", "root", "socket", "affinity", "numa", "any")
+PAIR_RUNGS = ("nvlink", "xgmi", "switch", "root", "socket", "affinity", "any")
+#: The attribute a GPU of each paired rung shares with its NICs.
+PAIR_ATTRIBUTE: dict[str, str | None] = {
+    "nvlink": PCIE_ROOT,
+    "xgmi": "nicAffinity",
+    "switch": None,
+    "root": PCIE_ROOT,
+    "socket": None,
+    "affinity": "nicAffinity",
+    "any": None,
+}
+#: The attribute all GPUs of a paired rung share.
+SET_OF = {"nvlink": "nvlinkDomain", "xgmi": "xgmiHive", "switch": "pcieSwitch"}
 
 
 @dataclass(frozen=True)
@@ -139,15 +159,15 @@ def ladder_spec(
     requests: list[dict[str, Any]] = []
     constraints: list[dict[str, Any]] = []
     pair_rungs = [r for r in PAIR_RUNGS if r not in drop]
-    per_pair = 3
-    if nics_per_gpu and gpus > 9:
-        pair_rungs = [r for r in pair_rungs if r != "numa"]
-        per_pair = 2
+    # Constraints per pair: one per pair attribute in use, plus the one that keeps a paired
+    # GPU rung off the unpaired NIC sub-request; 4 set constraints; one for CPUs.
+    if nics_per_gpu and 3 * gpus + 5 > MAX_CONSTRAINTS:
+        pair_rungs = [r for r in pair_rungs if r not in ("xgmi", "affinity")]
+    per_pair = 1 + len({PAIR_ATTRIBUTE[r] for r in pair_rungs} - {None})
     paired = nics_per_gpu > 0 and 2 * gpus + (1 if cpu_groups else 0) <= MAX_REQUESTS
-    paired = paired and per_pair * gpus + 4 + (1 if cpu_groups else 0) <= MAX_CONSTRAINTS
-    first_gpu_ref = "gpus"
+    paired = paired and per_pair * gpus + 5 <= MAX_CONSTRAINTS
+    numa_refs: list[str] = []
     if paired:
-        first_gpu_ref = "gpu-0"
         budget = MAX_SUBREQUESTS - (1 if chosen else 0)
         if len(pair_rungs) > budget:
             pair_rungs = [*pair_rungs[: budget - 1], "any"]
@@ -156,41 +176,54 @@ def ladder_spec(
             g, n = f"gpu-{i}", f"nic-{i}"
             subs = []
             pair_refs: dict[str, list[str]] = {}
+            paired_rungs: list[str] = []
+            nic_pin = chosen.nic_bus_ids[i] if chosen and i < len(chosen.nic_bus_ids) else ()
             if chosen:
                 pin = pin_expression([chosen.gpu_bus_ids[i]])
                 subs.append(_sub("chosen", gcls, 1, [*gpu_selectors, pin]))
                 attr = chosen.pair_attribute[i] if i < len(chosen.pair_attribute) else None
                 if attr:
                     pair_refs.setdefault(attr, []).append(f"{g}/chosen")
+                    paired_rungs.append(f"{g}/chosen")
             for rung in pair_rungs:
                 subs.append(_sub(rung, gcls, 1, gpu_selectors))
                 ref = f"{g}/{rung}"
-                if rung in ("nvlink", "root"):
-                    pair_refs.setdefault(PCIE_ROOT, []).append(ref)
-                elif rung in ("xgmi", "affinity"):
-                    pair_refs.setdefault(qualified(driver, "nicAffinity"), []).append(ref)
-                elif rung == "numa":
-                    pair_refs.setdefault(NUMA_NODE, []).append(ref)
-                if rung == "nvlink":
-                    sets.setdefault(qualified(driver, "nvlinkDomain"), []).append(ref)
-                elif rung == "xgmi":
-                    sets.setdefault(qualified(driver, "xgmiHive"), []).append(ref)
-                elif rung == "switch":
-                    sets.setdefault(qualified(driver, "pcieSwitch"), []).append(ref)
+                attr = PAIR_ATTRIBUTE[rung]
+                if attr is not None:
+                    pair_refs.setdefault(qualified(driver, attr), []).append(ref)
+                    paired_rungs.append(ref)
+                if rung in SET_OF:
+                    sets.setdefault(qualified(driver, SET_OF[rung]), []).append(ref)
                 if rung in ("switch", "root", "socket"):
                     sets.setdefault(NUMA_NODE, []).append(ref)
+                if i == 0 and rung in ("switch", "root", "socket"):
+                    numa_refs.append(ref)
             requests.append({"name": g, "firstAvailable": subs})
-            if chosen and i < len(chosen.nic_bus_ids) and chosen.nic_bus_ids[i]:
-                pin = pin_expression(chosen.nic_bus_ids[i])
-                nsubs = [
-                    _sub("chosen", ncls, nics_per_gpu, [pin]),
-                    _sub("any", ncls, nics_per_gpu, []),
-                ]
-                requests.append({"name": n, "firstAvailable": nsubs})
-            else:
-                requests.append({"name": n, "exactly": _exact(ncls, nics_per_gpu)})
+            # nic-i: a NIC paired with gpu-i, else (only for an unpaired GPU rung) any NIC.
+            # Constraints name nic-i's sub-requests, never nic-i itself: a NIC that lacks a
+            # pair attribute (a GB200 NIC has no nicAffinity) stays usable unpaired.
+            nsubs = []
+            nrefs = []
+            if nic_pin:
+                nsubs.append(_sub("chosen", ncls, nics_per_gpu, [pin_expression(nic_pin)]))
+                nrefs.append(f"{n}/chosen")
+            nsubs += [
+                _sub("paired", ncls, nics_per_gpu, []),
+                _sub("unpaired", ncls, nics_per_gpu, []),
+            ]
+            nrefs.append(f"{n}/paired")
+            requests.append({"name": n, "firstAvailable": nsubs})
             for attr, refs in pair_refs.items():
-                constraints.append({"requests": [*refs, n], "matchAttribute": attr})
+                constraints.append({"requests": [*refs, *nrefs], "matchAttribute": attr})
+            if paired_rungs:
+                # A GPU and a NIC never share their `type`: this forbids the unpaired NIC
+                # together with a paired GPU rung, and binds nothing else.
+                constraints.append(
+                    {
+                        "requests": [*paired_rungs, f"{n}/unpaired"],
+                        "matchAttribute": qualified(driver, "type"),
+                    }
+                )
         if gpus > 1:  # one GPU: a set constraint would only demand the attribute
             for attr, refs in sets.items():
                 constraints.append({"requests": refs, "matchAttribute": attr})
@@ -213,6 +246,8 @@ def ladder_spec(
                     constraints.append(
                         {"requests": [f"gpus/{rung}"], "matchAttribute": qualified(driver, attr)}
                     )
+                if rung == "numa":
+                    numa_refs.append(f"gpus/{rung}")
         requests.append({"name": "gpus", "firstAvailable": subs[:MAX_SUBREQUESTS]})
         if nics_per_gpu:
             requests.append({"name": "nics", "exactly": _exact(ncls, gpus * nics_per_gpu)})
@@ -222,7 +257,7 @@ def ladder_spec(
             csubs.append(_sub("chosen", ccls, cpu_groups, list(chosen.cpu_selectors)))
         csubs += [_sub("numa", ccls, cpu_groups, []), _sub("any", ccls, cpu_groups, [])]
         requests.append({"name": "cpu", "firstAvailable": csubs})
-        constraints.append({"requests": [first_gpu_ref, "cpu/numa"], "matchAttribute": NUMA_NODE})
+        constraints.append({"requests": [*numa_refs, "cpu/numa"], "matchAttribute": NUMA_NODE})
     devices: dict[str, Any] = {"requests": requests}
     if constraints:
         devices["constraints"] = constraints
