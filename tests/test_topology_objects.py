@@ -578,3 +578,36 @@ def test_gpu_clique_rule_reads_the_node_feature_attributes() -> None:
     assert elements["gpu.clique"] == gb200["spec"]["labels"]["toposlice.dev/gpu.clique"]
     dgx = build_node_feature(snapshot("dgx-h100").inventory, NODE, "ns")
     assert "gpu.clique" not in dgx["spec"]["features"]["attributes"][FEATURE_SET]["elements"]
+
+
+# -- admission: only the node's own objects ----------------------------------------------
+
+
+def test_admission_policy_keeps_each_node_to_its_own_objects() -> None:
+    chart = pytest.importorskip("tests.test_chart")
+    policy = chart.one(
+        chart.render(chart.ALL_OPTIONS), "ValidatingAdmissionPolicy", "toposlice-topology-objects"
+    )
+    inv = snapshot("dgx-h100").inventory
+    on_a = {chart.NODE_CLAIM: ["node-a"]}
+    for build in (
+        lambda node: build_nrt(inv, node),
+        lambda node: build_node_feature(inv, node, chart.NAMESPACE),
+    ):
+        mine, theirs = build("node-a"), build("node-b")
+        assert chart.admit(policy, "CREATE", mine, None, chart.SA_USER, on_a) == (True, "")
+        assert chart.admit(policy, "UPDATE", mine, mine, chart.SA_USER, on_a) == (True, "")
+        for op, obj, old in (
+            ("CREATE", theirs, None),
+            ("UPDATE", theirs, theirs),
+            ("UPDATE", mine, theirs),
+        ):
+            ok, msg = chart.admit(policy, op, obj, old, chart.SA_USER, on_a)
+            assert not ok and "node-a" in msg and "node-b" in msg, (op, msg)
+        ok, msg = chart.admit(policy, "CREATE", mine, None, chart.SA_USER, {})
+        assert not ok and "no node name" in msg
+        other = "system:serviceaccount:kube-system:nfd-worker"
+        assert chart.admit(policy, "CREATE", theirs, None, other, on_a) == (True, "not matched")
+    assert not [
+        o for o in chart.render(None) if o["metadata"]["name"] == "toposlice-topology-objects"
+    ]

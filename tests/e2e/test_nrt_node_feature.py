@@ -234,3 +234,32 @@ def test_steady_state_writes_nothing_and_a_lost_gpu_writes_once_each(
             "--ignore-not-found",
         )
         cluster.remove_node(NODE)
+
+
+def test_node_plugin_may_write_only_its_own_nodes_objects(
+    cluster: Cluster, release: list[dict[str, Any]]
+) -> None:
+    """The chart's RBAC and admission policy, enforced by the real API server: with a token
+    bound to a Pod on its node the plugin creates that node's objects and is refused
+    another node's, with the policy's message."""
+    node, other = "e2e-nrt-policy-a", "e2e-nrt-policy-b"
+    inv = snapshot("cpu-2s").inventory
+    cluster.add_node(node)
+    kubeconfig = cluster.token_kubeconfig(NAMESPACE, "toposlice", node)
+    created: list[tuple[str, ...]] = []
+    try:
+        for build, kind in (
+            (lambda n: build_nrt(inv, n), ("noderesourcetopology",)),
+            (lambda n: build_node_feature(inv, n, NAMESPACE), ("-n", NAMESPACE, "nodefeature")),
+        ):
+            as_plugin = (f"--kubeconfig={kubeconfig}", "create", "-f", "-")
+            own = build(node)
+            cluster.kubectl(*as_plugin, input=json.dumps(own))
+            created.append((*kind, own["metadata"]["name"]))
+            out = cluster.kubectl(*as_plugin, input=json.dumps(build(other)), check=False)
+            assert f"on node {node} may not write the {own['kind']} of node {other}" in out, out
+            assert _get(cluster, *kind, build(other)["metadata"]["name"]) is None
+    finally:
+        for *kind, name in created:
+            cluster.kubectl("delete", *kind, name, "--ignore-not-found")
+        cluster.remove_node(node)
