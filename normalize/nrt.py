@@ -100,9 +100,7 @@ def build_nrt(
     if scope is not None and scope not in SCOPES:
         raise ValueError(f"topology manager scope {scope!r}: want one of {', '.join(SCOPES)}")
     counts = device_counts(inv)
-    memory_of = {
-        g.memory_numa_node: g.bus_id for g in inv.gpus if g.memory_numa_node is not None
-    }
+    memory_of = {g.memory_numa_node: g.bus_id for g in inv.gpus if g.memory_numa_node is not None}
     kept = [
         n
         for n in sorted(inv.numa_nodes, key=lambda n: n.id)
