@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import json
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +40,7 @@ from normalize.nrt import build_nrt, device_counts, topology_policy
 from normalize.options import NormalizeOptions
 from normalize.validation import is_dns_subdomain
 from tests.driver_support import snapshot
+from tests.kubelet import wait_for
 
 CRDS = Path(__file__).resolve().parent.parent / "charts" / "toposlice" / "crds-optional"
 MACHINES = ["dgx-h100", "gb200-nvl72-tray", "mi300x-8", "cpu-2s"]
@@ -611,3 +614,47 @@ def test_admission_policy_keeps_each_node_to_its_own_objects() -> None:
     assert not [
         o for o in chart.render(None) if o["metadata"]["name"] == "toposlice-topology-objects"
     ]
+
+
+# -- the daemon's wiring --------------------------------------------------------------------
+
+
+def test_daemon_keeps_both_objects_and_rewrites_them_once_per_change(
+    api: FakeApi, tmp_path: Path
+) -> None:
+    """``toposlice run --nrt --node-feature`` without the kubelet side: the daemon's writers
+    create both objects from the first discovery, rediscoveries of the same hardware write
+    nothing, and a rediscovery that lost a GPU writes each object once."""
+    from driver.daemon import Daemon
+
+    cfg = _config(["--nrt", "--node-feature", "--node-feature-namespace", "ns"], tmp_path)
+    cfg = dataclasses.replace(cfg, resync_interval=0.05)
+    inv = Inventory.from_dict(snapshot("dgx-h100").inventory.to_dict())
+    current = [inv]
+    daemon = Daemon(cfg, lambda: current[0], api_client=object())  # type: ignore[arg-type]
+    daemon._snap = daemon._discover_snapshot()
+    daemon._start_topology_objects()
+    try:
+        assert [w.kind for w in daemon.topology_writers] == [NRT_KIND, NODE_FEATURE_KIND]
+        assert all(w.wait_synced(5.0) for w in daemon.topology_writers)
+        assert api.writes() == 2
+        for _ in range(3):
+            daemon.rediscover()
+        time.sleep(0.3)  # several resyncs
+        assert api.writes() == 2
+        lost = Inventory.from_dict(inv.to_dict())
+        lost.gpus = lost.gpus[1:]
+        current[0] = lost
+        daemon.rediscover()
+        assert wait_for(lambda: api.writes() == 4, 5.0)
+        time.sleep(0.3)
+        assert api.writes() == 4
+        nf = next(o for p, o in api.objects.items() if "nodefeatures" in p)
+        assert nf["spec"]["labels"]["toposlice.dev/gpu.count"] == "7"
+        assert daemon.status().details["noderesourcetopologies_writes"] == {
+            "create": 1,
+            "update": 1,
+        }
+    finally:
+        for w in daemon.topology_writers:
+            w.stop()
