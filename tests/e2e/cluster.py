@@ -32,6 +32,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -67,6 +68,13 @@ RUNTIME_CONFIG = "resource.k8s.io/v1beta1=true,resource.k8s.io/v1beta2=true"
 #: harness renews every NODE_RENEW_S, so a broken renewal shows within seconds.
 NODE_GRACE_S = 8
 NODE_RENEW_S = 2.0
+
+#: Seconds between SIGTERM and SIGKILL. kube-apiserver v1.36.2 closes its port at once on
+#: SIGTERM but its process lingers ~15 s; etcd takes ~7 s while clients hold watches.
+#: Neither keeps anything the tests need past that point (etcd runs --unsafe-no-fsync
+#: but has written its WAL by then; restart_etcd checks the data survived).
+STOP_GRACE_S = {"kube-apiserver": 3.0, "etcd": 3.0}
+DEFAULT_GRACE_S = 10.0
 
 T = TypeVar("T")
 
@@ -184,7 +192,8 @@ def make_pki(pki: Path) -> None:
         ("scheduler", "system:kube-scheduler", "", ""),
         ("apiserver-kubelet-client", "kube-apiserver-kubelet-client", "system:masters", ""),
     ]
-    for name, cn, org, san in certs:
+
+    def cert(name: str, cn: str, org: str, san: str) -> None:
         subj = f"/O={org}/CN={cn}" if org else f"/CN={cn}"
         _openssl(
             *("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key"),
@@ -200,12 +209,16 @@ def make_pki(pki: Path) -> None:
         (pki / f"{name}.ext").write_text("\n".join(ext) + "\n")
         _openssl(
             *("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key"),
-            *("-CAcreateserial", "-out", f"{name}.crt", "-days", "3650"),
-            *("-extfile", f"{name}.ext"),
+            *("-set_serial", str(int.from_bytes(os.urandom(8), "big")), "-out", f"{name}.crt"),
+            *("-days", "3650", "-extfile", f"{name}.ext"),
             cwd=pki,
         )
         (pki / f"{name}.csr").unlink()
         (pki / f"{name}.ext").unlink()
+
+    with ThreadPoolExecutor(len(certs)) as pool:  # RSA key generation dominates
+        for f in [pool.submit(cert, *c) for c in certs]:
+            f.result()
 
 
 def write_kubeconfig(
@@ -417,30 +430,46 @@ class Cluster:
         (self.pids / f"{name}.pid").write_text(f"{proc.pid}\n")
         return proc
 
-    def kill(self, name: str, sig: int = signal.SIGTERM, timeout: float = 15.0) -> None:
-        """Stop the process recorded as ``name`` by its PID (SIGKILL after ``timeout``)."""
+    def kill(self, name: str, sig: int = signal.SIGTERM, timeout: float | None = None) -> None:
+        """Stop the process recorded as ``name`` by its PID: ``sig``, then SIGKILL after
+        ``timeout`` (default: STOP_GRACE_S for the component, else DEFAULT_GRACE_S)."""
+        self._signal(name, sig)
+        self._reap(name, time.monotonic() + self._grace(name, timeout))
+
+    def _grace(self, name: str, timeout: float | None) -> float:
+        return timeout if timeout is not None else STOP_GRACE_S.get(name, DEFAULT_GRACE_S)
+
+    def _signal(self, name: str, sig: int) -> None:
+        proc = self.procs.get(name)
+        if proc is not None and proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, sig)
+
+    def _reap(self, name: str, deadline: float) -> None:
         proc = self.procs.pop(name, None)
         if proc is None:
             return
-        if proc.poll() is None:
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(proc.pid, sig)
-            try:
-                proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=10)
+                os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
         with contextlib.suppress(FileNotFoundError):
             (self.pids / f"{name}.pid").unlink()
 
     def stop(self) -> None:
-        """Stop the node renewer and every process started, newest first, by PID."""
+        """Stop the node renewer and every process started (SIGTERM to all, newest first,
+        then each reaped by PID, SIGKILL after its grace period)."""
         self._stop.set()
         if self._renewer is not None and self._renewer is not threading.current_thread():
             self._renewer.join(timeout=10)
-        for name in reversed(list(self.procs)):
-            self.kill(name)
+        names = list(reversed(list(self.procs)))
+        start = time.monotonic()
+        for name in names:
+            self._signal(name, signal.SIGTERM)
+        for name in names:
+            self._reap(name, start + self._grace(name, None))
 
     def log_tail(self, name: str, lines: int = 30) -> str:
         path = self.logs / f"{name}.log"
@@ -507,8 +536,8 @@ class Cluster:
         self._wait_ready("kube-apiserver")
 
     def restart_etcd(self) -> None:
-        """Stop etcd and start it again on the same data; returns when the API server is
-        ready again (its etcd check passes)."""
+        """Stop etcd (SIGTERM, by PID) and start it again on the same data; returns when
+        the API server is ready again (its etcd check passes)."""
         self.kill("etcd")
         self._launch("etcd")
         self._wait_ready("etcd")
