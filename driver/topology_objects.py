@@ -180,7 +180,8 @@ class TopologyObjectWriter:
                 log.info("%s: conflict, re-reading", what)
                 raise _Restart() from exc
             if f.not_found and method == "POST":
-                hint = f"{f.message} (is the {self.kind.name} CRD installed?)"
+                where = " and its namespace there" if self.kind.namespaced else ""
+                hint = f"{f.message} (is the {self.kind.name} CRD installed{where}?)"
                 f = ApiFailure(404, f.retry_after, hint)
             raise ObjectError(what, f) from exc
 
