@@ -238,7 +238,7 @@ def _add_integration_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--nrt",
         action="store_true",
-        default=_env("NRT", "") in ("1", "true"),
+        default=(_env("NRT", "") or "").lower() in ("1", "true", "yes"),
         help="keep the node's NodeResourceTopology (topology.node.k8s.io/v1alpha2) ($NRT=true)",
     )
     g.add_argument(
@@ -256,7 +256,7 @@ def _add_integration_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--node-feature",
         action="store_true",
-        default=_env("NODE_FEATURE", "") in ("1", "true"),
+        default=(_env("NODE_FEATURE", "") or "").lower() in ("1", "true", "yes"),
         help="keep the node's NFD NodeFeature (toposlice.dev/ labels) ($NODE_FEATURE=true)",
     )
     g.add_argument(
