@@ -69,6 +69,7 @@ PCI_BUS_ID = f"{STD}/pciBusID"
 MAX_SUBREQUESTS = 8
 MAX_REQUESTS = 32
 MAX_CONSTRAINTS = 32
+MAX_CONSTRAINT_REFS = 32
 
 SET_RUNGS: tuple[tuple[str, str | None], ...] = (
     ("nvlink", "nvlinkDomain"),
@@ -163,6 +164,8 @@ def ladder_spec(
     # GPU rung off the unpaired NIC sub-request; 4 set constraints; one for CPUs.
     if nics_per_gpu and 3 * gpus + 5 > MAX_CONSTRAINTS:
         pair_rungs = [r for r in pair_rungs if r not in ("xgmi", "affinity")]
+    if 3 * gpus > MAX_CONSTRAINT_REFS:  # the numaNode set names 3 rungs per GPU
+        pair_rungs = [r for r in pair_rungs if r != "socket"]
     per_pair = 1 + len({PAIR_ATTRIBUTE[r] for r in pair_rungs} - {None})
     paired = nics_per_gpu > 0 and 2 * gpus + (1 if cpu_groups else 0) <= MAX_REQUESTS
     paired = paired and per_pair * gpus + 5 <= MAX_CONSTRAINTS

@@ -1,0 +1,281 @@
+"""Claim ladders (scorer/ladder.py, `toposlice claim`, `--emit-claim`): within the API's
+limits, the best topology class while it is free and a looser one when it is taken, as
+the upstream allocator (scorer/allocator.py) allocates them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+from kubernetes_validate.utils import latest_version
+
+from normalize.deviceclasses import device_classes
+from scorer.allocator import Allocator
+from scorer.claim import claim_spec_for, ladder_spec_for
+from scorer.ladder import MAX_SUBREQUESTS, ladder_spec, prioritized_score, rung_of
+from scorer.request import Occupancy, Request
+from scorer.search import place
+from tests.scorer_support import machine
+from toposlice.cli import main
+
+DRIVER = "toposlice.dev"
+
+
+def _alloc(name: str) -> Allocator:
+    m = machine(name)
+    return Allocator(m.slices, device_classes(), str(m.graph["node"]))
+
+
+def _busy(name: str, devices: list[str]) -> list[tuple[str, str, str]]:
+    pool = str(machine(name).graph["dra"]["pool"])
+    return [(DRIVER, pool, d) for d in devices]
+
+
+def _attr(name: str, device: str, key: str) -> Any:
+    for sl in machine(name).slices:
+        for d in sl["spec"]["devices"]:
+            if d["name"] == device:
+                return next(iter(d["attributes"].get(key, {None: None}).values()))
+    raise KeyError(device)
+
+
+@pytest.mark.parametrize("nics", [0, 1, 2])
+@pytest.mark.parametrize("cpus", [0, 1])
+def test_ladders_stay_within_the_api_limits(nics: int, cpus: int) -> None:
+    for gpus in range(1, 21):
+        spec = ladder_spec(gpus, nics, DRIVER, cpu_groups=cpus)["devices"]
+        requests = spec["requests"]
+        assert len(requests) <= 32
+        names = {r["name"] for r in requests}
+        subs = {f"{r['name']}/{s['name']}" for r in requests for s in r.get("firstAvailable", [])}
+        for r in requests:
+            assert len(r.get("firstAvailable", [])) <= MAX_SUBREQUESTS
+        constraints = spec.get("constraints", [])
+        assert len(constraints) <= 32
+        for c in constraints:
+            assert 1 <= len(c["requests"]) <= 32
+            assert set(c["requests"]) <= names | subs, (gpus, c)
+        # The counts always add up to what was asked.
+        got = _min_counts(requests)
+        assert got.get("gpu.toposlice.dev") == gpus
+        assert got.get("nic.toposlice.dev", 0) == gpus * nics
+        assert got.get("cpu.toposlice.dev", 0) == cpus
+
+
+def _min_counts(requests: list[dict[str, Any]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for r in requests:
+        alts = r.get("firstAvailable") or [r["exactly"]]
+        counts = {a["count"] for a in alts}
+        assert len(counts) == 1  # every rung asks for the same number of devices
+        classes = {a["deviceClassName"] for a in alts}
+        assert len(classes) == 1
+        key = classes.pop()
+        out[key] = out.get(key, 0) + counts.pop()
+    return out
+
+
+def test_ladder_template_validates() -> None:
+    version = latest_version()
+    for gpus, nics in ((1, 0), (2, 1), (8, 1), (4, 0)):
+        t = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaimTemplate",
+            "metadata": {"name": "x"},
+            "spec": {"spec": ladder_spec(gpus, nics, DRIVER, cpu_groups=1)},
+        }
+        kubernetes_validate.validate(t, version, strict=True)
+
+
+def test_best_class_when_free_looser_when_taken_pcie() -> None:
+    alloc = _alloc("pcie-8gpu")
+    spec = ladder_spec(2, 1, DRIVER)
+    got = alloc.allocate(spec)
+    assert got is not None
+    rungs = rung_of([r.request for r in got])
+    assert rungs["gpu-0"] == rungs["gpu-1"] == "switch"
+    gpus = [r.device for r in got if r.request.startswith("gpu-")]
+    assert _attr("pcie-8gpu", gpus[0], "pcieSwitch") == _attr("pcie-8gpu", gpus[1], "pcieSwitch")
+    best = prioritized_score(spec, [r.request for r in got])
+    # One GPU of every switch busy: no switch pair is left; the looser classes give each
+    # GPU the NIC on its own root, both GPUs on one socket.
+    busy = _busy("pcie-8gpu", [f"gpu-0000-{b}-00-0" for b in ("19", "3b", "9b", "bb")])
+    got2 = alloc.allocate(spec, busy)
+    assert got2 is not None
+    rungs2 = rung_of([r.request for r in got2])
+    assert rungs2["gpu-1"] == "root"
+    devs = {r.request.split("/")[0]: r.device for r in got2}
+    numa = "resource.kubernetes.io/numaNode"
+    assert _attr("pcie-8gpu", devs["gpu-0"], numa) == _attr("pcie-8gpu", devs["gpu-1"], numa)
+    for i in (0, 1):
+        root = "resource.kubernetes.io/pcieRoot"
+        assert _attr("pcie-8gpu", devs[f"gpu-{i}"], root) == _attr(
+            "pcie-8gpu", devs[f"nic-{i}"], root
+        )
+    assert prioritized_score(spec, [r.request for r in got2]) < best
+
+
+def test_mi300x_pairs_each_gpu_with_its_socket_nic() -> None:
+    alloc = _alloc("mi300x-8")
+    spec = ladder_spec(2, 1, DRIVER)
+    got = alloc.allocate(spec)
+    assert got is not None
+    assert set(rung_of([r.request for r in got]).values()) == {"xgmi", "paired"}
+    devs = {r.request.split("/")[0]: r.device for r in got}
+    for i in (0, 1):
+        aff = "nicAffinity"
+        assert _attr("mi300x-8", devs[f"gpu-{i}"], aff) == _attr("mi300x-8", devs[f"nic-{i}"], aff)
+    # A plain pcieRoot pair cannot be satisfied there at all.
+    hard = {
+        "devices": {
+            "requests": [
+                {"name": "gpu", "exactly": {"deviceClassName": "gpu.toposlice.dev"}},
+                {"name": "nic", "exactly": {"deviceClassName": "nic.toposlice.dev"}},
+            ],
+            "constraints": [
+                {"requests": ["gpu", "nic"], "matchAttribute": "resource.kubernetes.io/pcieRoot"}
+            ],
+        }
+    }
+    assert alloc.allocate(hard) is None
+
+
+def test_ladder_still_allocates_where_no_nic_is_close() -> None:
+    """GB200 trays: no NIC carries nicAffinity; the unpaired rungs still allocate."""
+    got = _alloc("gb200-nvl72-tray").allocate(ladder_spec(2, 1, DRIVER))
+    assert got is not None
+    assert sorted(set(rung_of([r.request for r in got]).values())) == ["socket", "unpaired"]
+
+
+def test_one_gpu_prefers_a_gpu_outside_nvlink() -> None:
+    spec = ladder_spec(1, 0, DRIVER)
+    on_pcie = _alloc("pcie-8gpu").allocate(spec)
+    on_dgx = _alloc("dgx-h100").allocate(spec)
+    assert on_pcie is not None and on_dgx is not None
+    assert prioritized_score(spec, [r.request for r in on_pcie]) > prioritized_score(
+        spec, [r.request for r in on_dgx]
+    )
+
+
+def test_prioritized_score_is_the_schedulers() -> None:
+    """KEP-4816 scoring: per firstAvailable request, 8 − the chosen sub-request's index,
+    summed; requests without firstAvailable add nothing."""
+    spec = {
+        "devices": {
+            "requests": [
+                {"name": "a", "firstAvailable": [{"name": "x"}, {"name": "y"}, {"name": "z"}]},
+                {"name": "b", "firstAvailable": [{"name": "x"}, {"name": "y"}, {"name": "z"}]},
+                {"name": "c", "exactly": {}},
+            ]
+        }
+    }
+    assert prioritized_score(spec, ["a/x", "b/z", "c"]) == 8 + 6
+    assert prioritized_score(spec, ["a/y", "b/x", "a/y"]) == 7 + 8
+    assert prioritized_score(spec, ["a/z", "b/y"]) == 6 + 7
+
+
+def test_sub_request_constraint_binds_only_when_that_sub_is_chosen() -> None:
+    """The upstream rule the ladder rests on: a constraint naming ``req/sub`` holds only
+    for the devices of that sub-request; one naming ``req`` holds for every sub-request."""
+    alloc = _alloc("pcie-8gpu")
+    sub_only = {
+        "devices": {
+            "requests": [
+                {
+                    "name": "gpus",
+                    "firstAvailable": [
+                        {"name": "tight", "deviceClassName": "gpu.toposlice.dev", "count": 3},
+                        {"name": "loose", "deviceClassName": "gpu.toposlice.dev", "count": 3},
+                    ],
+                }
+            ],
+            "constraints": [
+                {"requests": ["gpus/tight"], "matchAttribute": "toposlice.dev/pcieSwitch"}
+            ],
+        }
+    }
+    got = alloc.allocate(sub_only)
+    assert got is not None and {r.request for r in got} == {"gpus/loose"}
+    whole = json.loads(json.dumps(sub_only))
+    whole["devices"]["constraints"][0]["requests"] = ["gpus"]
+    assert alloc.allocate(whole) is None
+
+
+# -- the scorer's --emit-claim ladder ------------------------------------------------
+
+
+def _tp2() -> Request:
+    return Request(gpus=2, nics_per_gpu=1, pattern="tensor-parallel", bound="communication")
+
+
+def test_emitted_ladder_lands_the_choice_then_degrades() -> None:
+    m = machine("pcie-8gpu")
+    topo = m.topo()
+    req = _tp2()
+    best = place([topo], Occupancy(), req, top=1)[0].pods[0]
+    spec = ladder_spec_for(topo, req, None, best, m.slices)
+    assert "firstAvailable" in spec["devices"]["requests"][0]
+    alloc = _alloc("pcie-8gpu")
+    got = alloc.allocate(spec)
+    assert got is not None
+    assert sorted(r.device for r in got) == sorted(best.devices)
+    assert {rung_of([r.request for r in got])[k] for k in ("gpu-0", "gpu-1")} == {"chosen"}
+    # Another pod took one of the chosen GPUs between scoring and allocation: the pinned
+    # hard claim now fails, the ladder allocates the best class left.
+    taken = _busy("pcie-8gpu", [best.devices[0]])
+    pinned = claim_spec_for(topo, req, None, best, None)
+    assert alloc.allocate(pinned, taken) is None
+    again = alloc.allocate(spec, taken)
+    assert again is not None
+    assert best.devices[0] not in {r.device for r in again}
+    assert prioritized_score(spec, [r.request for r in again]) < prioritized_score(
+        spec, [r.request for r in got]
+    )
+
+
+def test_emit_claim_writes_a_ladder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    req = tmp_path / "req.yaml"
+    req.write_text(yaml.safe_dump({"gpus": 2, "nicsPerGpu": 1, "pattern": "tensor-parallel"}))
+    out = tmp_path / "claim.yaml"
+    rc = main(["score", "--request", str(req), "--fake", "mi300x-8", "--emit-claim", str(out)])
+    assert rc == 0
+    doc = yaml.safe_load(out.read_text())
+    spec = doc["items"][0]["spec"]["spec"]
+    names = [s["name"] for s in spec["devices"]["requests"][0]["firstAvailable"]]
+    assert names[0] == "chosen" and names[-1] == "any"
+    assert "nvlink" not in names  # a rung the node cannot match is left out
+    capsys.readouterr()
+
+
+# -- toposlice claim -------------------------------------------------------------------
+
+
+def test_claim_command(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["claim", "--gpus", "2", "--nics-per-gpu", "1", "--fake", "mi300x-8"]) == 0
+    captured = capsys.readouterr()
+    doc = yaml.safe_load(captured.out)
+    assert doc["kind"] == "List"
+    template = doc["items"][0]
+    assert template["metadata"]["name"] == "gpus-2-nics-1"
+    kubernetes_validate.validate(template, latest_version(), strict=True)
+    assert {c["metadata"]["name"] for c in doc["items"][1:]} == {
+        "gpu.toposlice.dev",
+        "nic.toposlice.dev",
+    }
+    assert "# mi300x-8: score 30; gpu-0/xgmi = gpu-0000-0c-00-0" in captured.err
+
+
+def test_claim_command_json_memory_and_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["claim", "--gpus", "4", "--min-gpu-memory", "40Gi", "-o", "json", "--name", "x"]
+    assert main(args) == 0
+    doc = json.loads(capsys.readouterr().out)
+    sub = doc["items"][0]["spec"]["spec"]["devices"]["requests"][0]["firstAvailable"][0]
+    assert 'quantity("42949672960")' in sub["selectors"][0]["cel"]["expression"]
+    assert main(["claim", "--gpus", "0"]) == 2
+    assert "--gpus 0" in capsys.readouterr().err
+    assert main(["claim"]) == 2
+    assert "--gpus" in capsys.readouterr().err
