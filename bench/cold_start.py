@@ -12,7 +12,8 @@ Times, as median and minimum of N runs after one warm-up (whole process, output 
 Then the import cost of one cached run (``python -X importtime``): the sum over every
 module and the largest top-level imports.
 
-The cache lives in a temporary folder here (``TOPOSLICE_FAKE_CACHE``), not the user's.
+The cache lives in a temporary folder beside the default one (the same filesystem,
+tmpfs when there is one: discovery/fake/cache.py), not in the user's.
 
 Usage: python3 bench/cold_start.py [--machine dgx-h100] [--runs 20]
 """
@@ -31,7 +32,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
 TARGET_MS = 250.0
+
+from discovery.fake.cache import cache_dir  # noqa: E402
 
 
 def timed_ms(fn: Callable[[], object], runs: int, warm_up: bool = True) -> tuple[float, float]:
@@ -86,7 +90,12 @@ def main() -> int:
     script = Path(py).parent / "toposlice"
     print(f"python: {py}  machine: {args.machine}  runs: {args.runs} (ms: median / min)")
 
-    with tempfile.TemporaryDirectory(prefix="toposlice-bench-cache-") as tmp:
+    default = cache_dir()
+    parent = default.parent if default is not None else None
+    if parent is not None:
+        parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="bench-cache-", dir=parent) as tmp:
+        print(f"cache: {tmp}")
         env = dict(os.environ, PYTHONPATH=str(REPO), TOPOSLICE_FAKE_CACHE=tmp)
         rows: list[tuple[str, tuple[float, float]]] = []
         rows.append(("python -c pass", timed_ms(lambda: run([py, "-c", "pass"], env), args.runs)))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -58,15 +59,17 @@ def hwloc_roots(tmp_path_factory: pytest.TempPathFactory) -> ExtractedCases:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def fake_tree_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """``--fake`` trees are cached (discovery/fake/cache.py) in a folder of this run, not
-    the user's; xdist workers share it (entries are renamed into place whole)."""
-    base = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        base = base.parent
+def fake_tree_cache() -> Iterator[Path]:
+    """``--fake`` trees are cached (discovery/fake/cache.py) in a folder of this run's
+    (on tmpfs when there is one, as the default cache is), not the user's; removed at
+    the end."""
+    from discovery.fake import scratch_dir
+
+    folder = Path(tempfile.mkdtemp(prefix="toposlice-test-fake-cache-", dir=scratch_dir()))
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("TOPOSLICE_FAKE_CACHE", str(base / "fake-cache"))
-        yield base / "fake-cache"
+        mp.setenv("TOPOSLICE_FAKE_CACHE", str(folder))
+        yield folder
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def link_copy(src: Path, dest: Path) -> Path:

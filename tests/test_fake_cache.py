@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+import discovery.fake.cache as fake_cache
 import discovery.fake.sysfs_builder as builder
 from discovery.fake import machine_path
 from discovery.fake.cache import CACHE_ENV, cache_dir, cached_host
@@ -67,10 +68,30 @@ def test_cache_off_leaves_nothing(cache: Path, monkeypatch: pytest.MonkeyPatch) 
     assert os.listdir(os.environ["TOPOSLICE_FAKE_TMPDIR"]) == []
 
 
-def test_default_folder_follows_xdg(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_default_folder_is_a_private_tmpfs_else_the_user_cache(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     monkeypatch.delenv(CACHE_ENV, raising=False)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    assert cache_dir() == tmp_path / "toposlice" / "fake"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
+    (tmp_path / "run").mkdir()
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "run"))
+    assert cache_dir() == tmp_path / "run" / "toposlice" / "fake"
+
+    monkeypatch.delenv("XDG_RUNTIME_DIR")
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    monkeypatch.setattr(fake_cache, "SHM", str(shm))
+    private = shm / f"toposlice-{os.geteuid()}"
+    assert cache_dir() == private / "fake"
+    assert private.stat().st_mode & 0o777 == 0o700
+
+    private.chmod(0o777)  # anyone could have planted entries: not used
+    assert cache_dir() == tmp_path / "xdg-cache" / "toposlice" / "fake"
+    private.rmdir()
+    private.symlink_to(tmp_path / "run")  # a link, even to a folder of ours: not used
+    assert cache_dir() == tmp_path / "xdg-cache" / "toposlice" / "fake"
+    monkeypatch.setattr(fake_cache, "SHM", str(tmp_path / "no-shm"))
+    assert cache_dir() == tmp_path / "xdg-cache" / "toposlice" / "fake"
 
 
 def test_an_edited_machine_file_gets_a_new_entry_and_drops_the_old(
