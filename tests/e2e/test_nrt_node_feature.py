@@ -141,7 +141,10 @@ def release(cluster: Cluster, crds: None) -> Iterator[list[dict[str, Any]]]:
         for o in objs:
             if _cluster_scoped(o):
                 cluster.kubectl("delete", o["kind"], o["metadata"]["name"], "--ignore-not-found")
-        cluster.kubectl("delete", "namespace", NAMESPACE, "--ignore-not-found", "--wait=false")
+        # The token-binding pods have no kubelet to confirm a graceful delete: force them,
+        # then wait for the namespace, so a later module can install the chart again.
+        cluster.kubectl("-n", NAMESPACE, "delete", "pods", "--all", "--force", "--grace-period=0")
+        cluster.kubectl("delete", "namespace", NAMESPACE, "--ignore-not-found", "--timeout=120s")
 
 
 @pytest.mark.parametrize("machine", MACHINES)
