@@ -1,0 +1,153 @@
+"""Claim ladders on the real scheduler (v1.36.2): a `toposlice claim` prioritized list gets
+the first rung while the best set is free and a looser rung once it is taken, and the real
+allocation is the one scorer/allocator.py predicts from the same slices and devices in use.
+
+The node's slices are published by the admin (what `toposlice slices --fake pcie-8gpu
+--node-name N -o json` prints); no kubelet runs, so pods stay bound and unstarted — the
+scheduler's allocation in the claim status is what is checked.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from normalize.deviceclasses import device_classes
+from scorer.allocator import Allocator
+from scorer.ladder import ladder_spec, prioritized_score, rung_of
+from tests.e2e.cluster import Cluster, poll
+from tests.e2e.toposlice_setup import REPO, pod_outcome, published_slices
+
+pytestmark = pytest.mark.e2e
+
+NODE = "e2e-ladder-pcie"
+NS = "e2e-ladder"
+DRIVER = "toposlice.dev"
+TOPOSLICE = (sys.executable, "-m", "toposlice", "-q")
+
+
+@pytest.fixture(scope="module")
+def ladder_node(cluster: Cluster) -> Iterator[list[dict[str, Any]]]:
+    existing = json.loads(cluster.kubectl("get", "deviceclasses", "-o", "json"))["items"]
+    have = {c["metadata"]["name"] for c in existing}
+    ours = [c for c in device_classes(DRIVER) if c["metadata"]["name"] not in have]
+    cluster.add_node(NODE, {"e2e": "ladder"})
+    cluster.kubectl("create", "namespace", NS)
+    try:
+        if ours:
+            cluster.apply(ours)
+        proc = subprocess.run(
+            [*TOPOSLICE, "slices", "--fake", "pcie-8gpu", "--node-name", NODE, "-o", "json"],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=REPO,
+        )
+        slices = json.loads(proc.stdout)
+        doc = json.dumps({"apiVersion": "v1", "kind": "List", "items": slices})
+        cluster.kubectl("create", "-f", "-", input=doc)
+        poll(lambda: len(published_slices(cluster, NODE)) == len(slices), 30, 0.2, "slices")
+        yield published_slices(cluster, NODE)
+    finally:
+        cluster.kubectl("-n", NS, "delete", "pod", "--all", "--force", "--grace-period=0")
+        cluster.kubectl("delete", "namespace", NS, "--wait=false")
+        cluster.kubectl("delete", "resourceslices", f"--field-selector=spec.nodeName={NODE}")
+        cluster.remove_node(NODE)
+        for c in ours:
+            cluster.kubectl("delete", "deviceclass", c["metadata"]["name"], "--ignore-not-found")
+
+
+def _pod(name: str, spec: dict[str, Any]) -> list[dict[str, Any]]:
+    template = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"spec": spec},
+    }
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": NODE},
+            "resourceClaims": [{"name": "c", "resourceClaimTemplateName": name}],
+            "containers": [
+                {"name": "c", "image": "pause", "resources": {"claims": [{"name": "c"}]}}
+            ],
+        },
+    }
+    return [template, pod]
+
+
+def _allocated(cluster: Cluster, name: str, spec: dict[str, Any]) -> list[tuple[str, str]]:
+    try:
+        cluster.apply(_pod(name, spec))
+    except subprocess.CalledProcessError as exc:
+        pytest.fail(f"apply {name}: {exc.stderr}")
+    out = poll(lambda: pod_outcome(cluster, NS, name), 60, 0.3, f"pod {name} scheduled")
+    assert out is not None and out[0] == "allocated", (out, cluster.log_tail("kube-scheduler"))
+    claim = out[1]
+    assert claim is not None
+    results = claim["status"]["allocation"]["devices"]["results"]
+    assert {r["pool"] for r in results} == {NODE}
+    return sorted((r["request"], r["device"]) for r in results)
+
+
+def _predicted(
+    slices: list[dict[str, Any]], spec: dict[str, Any], busy: list[tuple[str, str]]
+) -> list[tuple[str, str]]:
+    got = Allocator(slices, device_classes(DRIVER), NODE).allocate(
+        spec, [(DRIVER, NODE, d) for _, d in busy]
+    )
+    assert got is not None
+    return sorted((r.request, r.device) for r in got)
+
+
+def _pinned(buses: list[str]) -> dict[str, Any]:
+    requests = []
+    for i, bus in enumerate(buses):
+        expr = f'device.attributes["resource.kubernetes.io"].pciBusID == "{bus}"'
+        requests.append(
+            {
+                "name": f"gpu-{i}",
+                "exactly": {
+                    "deviceClassName": f"gpu.{DRIVER}",
+                    "selectors": [{"cel": {"expression": expr}}],
+                },
+            }
+        )
+    return {"devices": {"requests": requests}}
+
+
+def test_ladder_first_rung_then_a_looser_one(
+    cluster: Cluster, ladder_node: list[dict[str, Any]]
+) -> None:
+    slices = ladder_node
+    ladder = ladder_spec(2, 1, DRIVER)
+    # Free node: the first rung that pcie-8gpu can match, two GPUs behind one PCIe switch.
+    first = _allocated(cluster, "ladder-a", ladder)
+    assert first == _predicted(slices, ladder, [])
+    rungs = rung_of([r for r, _ in first])
+    assert rungs["gpu-0"] == rungs["gpu-1"] == "switch"
+    # Take one GPU behind every other switch: no two free GPUs share a switch any more.
+    blocker = _pinned(["0000:3b:00.0", "0000:9b:00.0", "0000:bb:00.0"])
+    blocked = _allocated(cluster, "blocker", blocker)
+    assert [d for _, d in blocked] == [
+        "gpu-0000-3b-00-0",
+        "gpu-0000-9b-00-0",
+        "gpu-0000-bb-00-0",
+    ]
+    # The same ladder now lands a looser class, exactly where the allocator model says.
+    second = _allocated(cluster, "ladder-b", ladder)
+    assert second == _predicted(slices, ladder, first + blocked)
+    rungs2 = rung_of([r for r, _ in second])
+    assert (rungs2["gpu-0"], rungs2["gpu-1"]) != ("switch", "switch")
+    score = prioritized_score(ladder, [r for r, _ in second])
+    assert score < prioritized_score(ladder, [r for r, _ in first])
+    gpus = {d for r, d in second if r.startswith("gpu-")}
+    assert gpus.isdisjoint({d for _, d in first + blocked})
