@@ -39,7 +39,16 @@ the cluster's GPUs that are free but cannot form a pair at their node's best pai
 (a PCIe GPU whose switch partner is busy, the last free GPU of a DGX) — placement-models
 §4.3's count for the smallest multi-GPU shape.
 
-The LAST line printed is one JSON object:
+``--cluster mixed`` instead replays, per seed (``--seeds 1-5``), 200 jobs of 1/2/4/8 GPUs
+with a NIC per GPU from 2 GPUs up at load 0.7 on 2 × dgx-h100, 3 × pcie-8gpu and 1 ×
+mi300x-8, under ``scorer``, ``ladder`` (``toposlice claim`` ladders through the allocator
+model, on the node with the best prioritized-list score), ``careful`` (the claims
+``examples/`` recommends, tried in order: see ``careful_claims``) and ``plain`` (counts),
+and prints admitted jobs, admitted GPU-hours, mean busbw, NIC locality and p99 decision
+time for each, then the issue #15 targets per seed; its last line is
+``{"cluster": "mixed", "seeds": {...}, "targets_met": {...}}``.
+
+The LAST line printed (large cluster) is one JSON object:
 ``{"policies": {"scorer": {...}, "first-fit": {...}, "random": {...}}}``.
 
 Run: ``python3 bench/placement.py`` (3,000 jobs; about 15 s on 2 cores, ``--jobs`` for more).
