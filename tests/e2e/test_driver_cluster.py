@@ -28,6 +28,8 @@ from tests.e2e.cluster import FEATURE_GATES, Cluster, free_ports, poll
 from tests.e2e.toposlice_setup import (
     DRIVER,
     NodeDriver,
+    claim_of,
+    claim_pod,
     cli_slices,
     install,
     pod_outcome,
@@ -527,6 +529,78 @@ def test_emitted_claim_is_allocated_to_the_scorers_choice(
         # Every request takes its first alternative: the scorer's own choice.
         assert all(r["request"].endswith("/chosen") for r in results), results
         assert {r["device"] for r in results} == set(best["devices"])
+    finally:
+        _drop_namespace(cluster, ns)
+        _wait_no_claims(cluster)
+
+
+# -- the control plane restarts under the running drivers (last: they disturb the rest) ---
+
+
+def _pools(cluster: Cluster) -> dict[str, list[tuple[str, int, int]]]:
+    """node -> [(slice name, pool generation, resourceSliceCount)], sorted."""
+    out = {}
+    for node in [*MACHINES, VENDOR_NODE]:
+        out[node] = sorted(
+            (
+                s["metadata"]["name"],
+                s["spec"]["pool"]["generation"],
+                s["spec"]["pool"]["resourceSliceCount"],
+            )
+            for s in published_slices(cluster, node)
+        )
+    return out
+
+
+@pytest.mark.parametrize("component", ["kube-apiserver", "etcd"])
+def test_control_plane_restart_converges(
+    cluster: Cluster, drivers: dict[str, NodeDriver], component: str
+) -> None:
+    """Restart the API server (or etcd) under the running drivers: no driver exits, the
+    slices are the same ones (no duplicates, none lost), an allocated claim survives and
+    still prepares, and a slice deleted after the restart comes back (the drivers'
+    watches and writes reconnected)."""
+    ns = f"e2e-restart-{component}"
+    node = "e2e-drv-gb200"
+    cluster.kubectl("create", "namespace", ns)
+    try:
+        request = {"name": "gpu", "exactly": {"deviceClassName": f"gpu.{DRIVER}"}}
+        cluster.apply(claim_pod("keeps", node, [request], ns))
+        what, claim = poll(lambda: pod_outcome(cluster, ns, "keeps"), 30, 0.1, "allocated")
+        assert what == "allocated" and claim is not None
+        pools = _pools(cluster)
+        assert all(len(v) == v[0][2] for v in pools.values() if v)
+
+        if component == "etcd":
+            cluster.restart_etcd()
+        else:
+            cluster.restart_apiserver()
+
+        for d in drivers.values():
+            assert d.proc is not None and d.proc.poll() is None, d.name
+        poll(lambda: all(d.http("/readyz")[0] == 200 for d in drivers.values()), 30, 0.2, "ready")
+        assert _pools(cluster) == pools
+        again = claim_of(cluster, ns, "keeps")
+        assert again is not None and again["metadata"]["uid"] == claim["metadata"]["uid"]
+        assert again["status"]["allocation"] == claim["status"]["allocation"]
+
+        uid = claim["metadata"]["uid"]
+        ref = (ns, claim["metadata"]["name"], uid)
+        with NodeClient(drivers[node].endpoint) as kubelet:
+            assert kubelet.prepare([ref]).claims[uid].error == ""
+            assert kubelet.unprepare([ref]).claims[uid].error == ""
+
+        victim = pools[node][0][0]
+        cluster.kubectl("delete", "resourceslice", victim)
+        poll(
+            lambda: len(published_slices(cluster, node)) == len(pools[node]),
+            30,
+            0.2,
+            f"{node} republished",
+        )
+        # Back to one complete pool per node, nothing doubled.
+        after = _pools(cluster)
+        assert {n: len(v) for n, v in after.items()} == {n: len(v) for n, v in pools.items()}
     finally:
         _drop_namespace(cluster, ns)
         _wait_no_claims(cluster)

@@ -50,8 +50,20 @@ def chart_objects(values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     return objs
 
 
+def _namespace_phase(cluster: Cluster, name: str) -> str | None:
+    out = cluster.kubectl("get", "namespace", name, "-o", "json", "--ignore-not-found")
+    return str(json.loads(out)["status"]["phase"]) if out.strip() else None
+
+
 def install(cluster: Cluster) -> list[dict[str, Any]]:
-    """Create the release namespace and apply the chart but its DaemonSet; the objects."""
+    """Create the release namespace and apply the chart but its DaemonSet; the objects.
+    A release namespace still terminating (an earlier module's uninstall) is waited for."""
+    poll(
+        lambda: _namespace_phase(cluster, NAMESPACE) != "Terminating",
+        120,
+        0.25,
+        f"namespace {NAMESPACE} deleted",
+    )
     objs = [o for o in chart_objects() if o["kind"] != "DaemonSet"]
     for o in objs:
         if o["kind"] not in ("DeviceClass", "ClusterRole", "ClusterRoleBinding") and not o[
@@ -64,12 +76,15 @@ def install(cluster: Cluster) -> list[dict[str, Any]]:
 
 
 def uninstall(cluster: Cluster, objs: list[dict[str, Any]]) -> None:
+    """Delete what :func:`install` applied and the release namespace, and wait for it to
+    go: the identity pods (no kubelet will ever confirm their end) are force-deleted."""
+    cluster.kubectl("-n", NAMESPACE, "delete", "pod", "--all", "--force", "--grace-period=0")
     for o in objs:
         if o["kind"] in ("DeviceClass", "ClusterRole", "ClusterRoleBinding") or o[
             "kind"
         ].startswith("ValidatingAdmissionPolicy"):
             cluster.kubectl("delete", o["kind"], o["metadata"]["name"], "--ignore-not-found")
-    cluster.kubectl("delete", "namespace", NAMESPACE, "--ignore-not-found", "--wait=false")
+    cluster.kubectl("delete", "namespace", NAMESPACE, "--ignore-not-found", "--timeout=120s")
 
 
 def published_slices(cluster: Cluster, node: str, driver: str = DRIVER) -> list[dict[str, Any]]:
