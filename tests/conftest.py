@@ -84,10 +84,10 @@ def link_copy(src: Path, dest: Path) -> Path:
 @pytest.hookimpl(tryfirst=True)  # before xdist's own, which turns -n into workers
 def pytest_cmdline_main(config: pytest.Config) -> None:
     """The whole default suite (``python3 -m pytest`` without paths) runs on every core
-    with pytest-xdist (``-n auto``; ``PYTEST_XDIST_AUTO_NUM_WORKERS`` caps it). Not in
-    ``addopts``: ``-p no:xdist``, as the tiers run, would then reject ``-n``. Naming
-    paths, ``-n``/``--dist``, ``-m``, ``--pdb`` or ``--collect-only`` keeps the run as
-    asked (one process unless ``-n`` says otherwise)."""
+    with pytest-xdist (``-n auto --dist worksteal``; ``PYTEST_XDIST_AUTO_NUM_WORKERS``
+    caps it). Not in ``addopts``: ``-p no:xdist``, as the tiers run, would then reject
+    ``-n``. Naming paths, ``-n``/``--dist``, ``-m``, ``--pdb`` or ``--collect-only``
+    keeps the run as asked (one process unless ``-n`` says otherwise)."""
     opt = config.option
     if (
         not config.pluginmanager.hasplugin("xdist")
@@ -102,6 +102,7 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
     ):
         return
     opt.numprocesses = "auto"
+    opt.dist = "worksteal"  # an idle worker takes queued tests from a busy one
 
 
 #: Markers of the tiers that start real Kubernetes binaries. A plain ``pytest`` leaves

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -14,17 +16,25 @@ import pytest
 
 import discovery.fake.cache as fake_cache
 import discovery.fake.sysfs_builder as builder
-from discovery.fake import machine_path
+from discovery.fake import machine_path, scratch_dir
 from discovery.fake.cache import CACHE_ENV, cache_dir, cached_host
 from toposlice.discover import discover
 
 
 @pytest.fixture
-def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
-    monkeypatch.setenv("TOPOSLICE_FAKE_TMPDIR", str(tmp_path / "scratch"))
-    (tmp_path / "scratch").mkdir()
-    return tmp_path / "cache"
+def shm(tmp_path: Path) -> Iterator[Path]:
+    """A temporary folder on tmpfs when there is one (where the default cache lives)."""
+    folder = Path(tempfile.mkdtemp(prefix="toposlice-test-", dir=scratch_dir()))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def cache(shm: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv(CACHE_ENV, str(shm / "cache"))
+    monkeypatch.setenv("TOPOSLICE_FAKE_TMPDIR", str(shm / "scratch"))
+    (shm / "scratch").mkdir()
+    return shm / "cache"
 
 
 @pytest.fixture
@@ -48,14 +58,15 @@ def _entries(cache: Path) -> list[str]:
 def test_a_hit_rebuilds_nothing_and_gives_the_fresh_trees_inventory(
     cache: Path, builds: list[Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    first = discover(fake="dgx-h100").to_dict()
+    first = discover(fake="cloud-vm-1gpu").to_dict()
     (entry,) = _entries(cache)
-    assert len(builds) == 1 and entry.startswith("dgx-h100-")
-    second = discover(fake="dgx-h100").to_dict()
+    assert len(builds) == 1 and entry.startswith("cloud-vm-1gpu-")
+    assert first["gpus"] and first["gpus"][0]["uuid"], "the fake NVML answered"
+    second = discover(fake="cloud-vm-1gpu").to_dict()
     assert len(builds) == 1, "the second run used the cached tree"
     assert second == first
     monkeypatch.setenv(CACHE_ENV, "off")
-    fresh = discover(fake="dgx-h100").to_dict()
+    fresh = discover(fake="cloud-vm-1gpu").to_dict()
     assert len(builds) == 2 and fresh == first
     assert _entries(cache) == [entry], "cache off neither reads nor writes the cache"
 
@@ -63,7 +74,7 @@ def test_a_hit_rebuilds_nothing_and_gives_the_fresh_trees_inventory(
 def test_cache_off_leaves_nothing(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(CACHE_ENV, "off")
     assert cache_dir() is None
-    discover(fake="cpu-2s")
+    discover(fake="cloud-vm-1gpu")
     assert not cache.exists()
     assert os.listdir(os.environ["TOPOSLICE_FAKE_TMPDIR"]) == []
 
@@ -98,7 +109,7 @@ def test_an_edited_machine_file_gets_a_new_entry_and_drops_the_old(
     cache: Path, tmp_path: Path
 ) -> None:
     machine = tmp_path / "mine.yaml"
-    text = machine_path("cpu-2s").read_text(encoding="utf-8")
+    text = machine_path("cloud-vm-1gpu").read_text(encoding="utf-8")
     machine.write_text(text + "hostname: before-edit\n", encoding="utf-8")
     assert discover(fake=str(machine)).hostname == "before-edit"
     old = _entries(cache)
@@ -109,13 +120,13 @@ def test_an_edited_machine_file_gets_a_new_entry_and_drops_the_old(
 
 
 def test_a_damaged_entry_is_rebuilt(cache: Path, builds: list[Path]) -> None:
-    discover(fake="cpu-2s")
+    discover(fake="cloud-vm-1gpu")
     (entry,) = cache.iterdir()
     (entry / "machine.pickle").write_bytes(b"not a pickle")
-    inv = discover(fake="cpu-2s")
+    inv = discover(fake="cloud-vm-1gpu")
     assert len(builds) == 2 and inv.numa_nodes
     shutil.rmtree(entry / "root")
-    assert discover(fake="cpu-2s").to_dict() == inv.to_dict()
+    assert discover(fake="cloud-vm-1gpu").to_dict() == inv.to_dict()
     assert len(builds) == 3
 
 
@@ -128,7 +139,7 @@ def test_an_unwritable_cache_falls_back_to_a_temporary_tree(
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     monkeypatch.setenv("TOPOSLICE_FAKE_TMPDIR", str(scratch))
-    with cached_host("cpu-2s") as host:
+    with cached_host("cloud-vm-1gpu") as host:
         assert (host.root / "sys/devices/system/cpu").is_dir()
         assert host.root.parent == scratch
     assert os.listdir(scratch) == [], "the temporary tree is removed"
@@ -148,6 +159,6 @@ def test_bad_machines_still_give_one_line_errors(cache: Path, tmp_path: Path) ->
 
 def test_concurrent_first_runs_agree(cache: Path) -> None:
     with ThreadPoolExecutor(4) as pool:
-        results = list(pool.map(lambda _: discover(fake="mi300x-8").to_dict(), range(4)))
+        results = list(pool.map(lambda _: discover(fake="cloud-vm-1gpu").to_dict(), range(4)))
     assert all(r == results[0] for r in results)
     assert len(_entries(cache)) == 1, "one entry; the losers' temporary trees are gone"
