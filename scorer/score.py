@@ -40,7 +40,7 @@ MEMORY_CONTENTION = 0.3
 COUNT_SHARE = 0.2
 #: Least NIC-locality weight of a request that asks for GPUDirect NICs: asking for them
 #: means the job drives them, whatever its in-node pattern.
-NIC_FLOOR = 0.3
+NIC_FLOOR = 0.45
 #: Above this many subsets, a node's best block is estimated greedily.
 ENUM_LIMIT = 3000
 
