@@ -165,6 +165,9 @@ def test_examples_exist_and_name_machines() -> None:
         "whole-node",
         "gpus-8-else-4",
         "vendor-gpu-with-nic-and-cpus",
+        "gpu-nic-affinity",
+        "gpus-2-each-with-closest-nic",
+        "gpus-2-nics-ladder",
     } <= names
     for p in EXAMPLES:
         exp = expectations(p)

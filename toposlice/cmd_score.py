@@ -47,7 +47,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--emit-claim",
         metavar="FILE",
-        help="write a List with the ResourceClaimTemplate(s) and DeviceClasses for the best",
+        help="write a List with the ResourceClaimTemplate(s) and DeviceClasses for the best: "
+        "a prioritized list, the chosen devices first, then looser topology classes",
     )
     p.add_argument("--claim-name", default=None, help="template name (default: request name)")
 
