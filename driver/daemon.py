@@ -156,6 +156,8 @@ class Daemon:
         self.udev: UdevWatcher | None = None
         self.started_at = time.monotonic()
         self.last_discovery_error = ""
+        self.nvml_gap = ""
+        """Why NVIDIA GPUs are published without NVML (driver/nvml_gap.py); empty if not."""
 
     # -- ExporterView --------------------------------------------------------------------
 
@@ -186,6 +188,7 @@ class Daemon:
                 "slice_writes": dict(pub.writes) if pub is not None else {},
                 **{f"{w.kind.plural}_writes": dict(w.writes) for w in self.topology_writers},
                 "uptime_s": round(time.monotonic() - self.started_at, 1),
+                **({"degraded": self.nvml_gap} if self.nvml_gap else {}),
             },
         )
 
@@ -284,6 +287,7 @@ class Daemon:
             self.metrics = metrics = DriverMetrics()
             self.publisher.on_write = lambda op, err, ok: metrics.slice_write(op, err, ok=ok)
         self._publish_desired()
+        self._check_nvml(self._snap.inventory)
         self.publisher.start()
         self._start_topology_objects()
         self._spawn(self._health_pump, "health-pump")
@@ -391,6 +395,7 @@ class Daemon:
         old = self._snap
         self._snap = snap
         self.health_monitor.update_snapshot(snap)
+        self._check_nvml(snap.inventory)
         changed = old is None or list(old.devices) != list(snap.devices)
         self._publish_desired()
         self._set_topology_objects(snap)
@@ -398,6 +403,35 @@ class Daemon:
         if changed:
             log.info("devices changed: %d device(s) now", len(snap.devices))
         return changed
+
+    def _check_nvml(self, inv: Inventory) -> None:
+        """NVIDIA GPUs without NVML: metric, log, readiness detail and a Node Event, once
+        per distinct reason (driver/nvml_gap.py)."""
+        from .nvml_gap import missing_gpus, nvml_gap, post_node_event
+
+        if self.metrics is not None:
+            self.metrics.nvml_missing_gpus.set(missing_gpus(inv))
+        gap = nvml_gap(inv)
+        if gap == self.nvml_gap:
+            return
+        self.nvml_gap = gap
+        if not gap:
+            log.info("NVML answers again")
+            return
+        log.warning("%s", gap)
+        client = self.client
+        if client is not None:
+            node_name = self.cfg.node_name
+
+            def post() -> None:
+                try:
+                    node = get_node(client, node_name)
+                except Exception as exc:
+                    log.warning("could not read node %s for the NVML event: %s", node_name, exc)
+                    return
+                post_node_event(client, node, gap, f"{self.cfg.driver_name}-kubelet-plugin")
+
+            self._spawn(post, "nvml-event")
 
     def _rediscover_quietly(self) -> None:
         self.rediscover()

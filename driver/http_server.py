@@ -744,7 +744,7 @@ class HttpServer:
             self._send_text(t, path, 200, b"ok\n", keep, head_only)
         elif path == "/readyz":
             ready, reason = self.readiness()
-            text = b"ok\n" if ready else (reason + "\n").encode()
+            text = (reason + "\n").encode()
             self._send_text(t, path, 200 if ready else 503, text, keep, head_only)
         elif path == "/metrics":
             body = self.metrics.exposition()
@@ -833,7 +833,8 @@ class HttpServer:
             return False, "ResourceSlices not synced" + (
                 f": {st.last_error}" if st.last_error else ""
             )
-        return True, "ok"
+        degraded = st.details.get("degraded")
+        return True, f"ok, degraded: {degraded}" if degraded else "ok"
 
     def marks(self, r: Rendered) -> dict[str, Mark]:
         """Vertex id -> allocation and health of the devices of toposlice's pool."""

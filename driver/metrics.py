@@ -211,6 +211,12 @@ class DriverMetrics:
             ["probe"],
             registry=r,
         )
+        self.nvml_missing_gpus = Gauge(
+            f"{n}_nvml_missing_gpus",
+            "NVIDIA GPUs published from sysfs only because NVML is unavailable in the "
+            "container (0 when NVML answers or there is none)",
+            registry=r,
+        )
         self.probe_up = Gauge(
             f"{n}_probe_up",
             "1 when the probe's last run was ok, 0 when unavailable or in error",

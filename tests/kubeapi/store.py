@@ -60,6 +60,7 @@ RESOURCES = {
         ),
         Resource("resource.k8s.io", "v1", "resourceclaims", "ResourceClaim", True, has_status=True),
         Resource("resource.k8s.io", "v1", "deviceclasses", "DeviceClass", False),
+        Resource("", "v1", "events", "Event", True),
     )
 }
 
