@@ -26,6 +26,7 @@ from tests.e2e.toposlice_setup import REPO, pod_outcome, published_slices
 pytestmark = pytest.mark.e2e
 
 NODE = "e2e-ladder-pcie"
+DGX = "e2e-ladder-dgx"
 NS = "e2e-ladder"
 DRIVER = "toposlice.dev"
 TOPOSLICE = (sys.executable, "-m", "toposlice", "-q")
@@ -36,33 +37,45 @@ def ladder_node(cluster: Cluster) -> Iterator[list[dict[str, Any]]]:
     existing = json.loads(cluster.kubectl("get", "deviceclasses", "-o", "json"))["items"]
     have = {c["metadata"]["name"] for c in existing}
     ours = [c for c in device_classes(DRIVER) if c["metadata"]["name"] not in have]
-    cluster.add_node(NODE, {"e2e": "ladder"})
     cluster.kubectl("create", "namespace", NS)
     try:
+        # Pods are refused until the controller-manager made the namespace's default SA.
+        poll(lambda: cluster.kubectl("-n", NS, "get", "sa", "default", "-o", "name"), 30, 0.2)
         if ours:
             cluster.apply(ours)
-        proc = subprocess.run(
-            [*TOPOSLICE, "slices", "--fake", "pcie-8gpu", "--node-name", NODE, "-o", "json"],
-            capture_output=True,
-            text=True,
-            check=True,
-            cwd=REPO,
-        )
-        slices = json.loads(proc.stdout)
-        doc = json.dumps({"apiVersion": "v1", "kind": "List", "items": slices})
-        cluster.kubectl("create", "-f", "-", input=doc)
-        poll(lambda: len(published_slices(cluster, NODE)) == len(slices), 30, 0.2, "slices")
+        for node, machine in ((NODE, "pcie-8gpu"), (DGX, "dgx-h100")):
+            cluster.add_node(node, {"e2e": "ladder"})
+            _publish(cluster, node, machine)
         yield published_slices(cluster, NODE)
     finally:
         cluster.kubectl("-n", NS, "delete", "pod", "--all", "--force", "--grace-period=0")
         cluster.kubectl("delete", "namespace", NS, "--wait=false")
-        cluster.kubectl("delete", "resourceslices", f"--field-selector=spec.nodeName={NODE}")
-        cluster.remove_node(NODE)
+        for node in (NODE, DGX):
+            cluster.kubectl("delete", "resourceslices", f"--field-selector=spec.nodeName={node}")
+            cluster.remove_node(node)
         for c in ours:
             cluster.kubectl("delete", "deviceclass", c["metadata"]["name"], "--ignore-not-found")
 
 
-def _pod(name: str, spec: dict[str, Any]) -> list[dict[str, Any]]:
+def _publish(cluster: Cluster, node: str, machine: str) -> None:
+    """What `toposlice slices --fake MACHINE --node-name NODE -o json` prints, created by
+    the admin."""
+    proc = subprocess.run(
+        [*TOPOSLICE, "slices", "--fake", machine, "--node-name", node, "-o", "json"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=REPO,
+    )
+    slices = json.loads(proc.stdout)
+    doc = json.dumps({"apiVersion": "v1", "kind": "List", "items": slices})
+    cluster.kubectl("create", "-f", "-", input=doc)
+    poll(lambda: len(published_slices(cluster, node)) == len(slices), 30, 0.2, "slices")
+
+
+def _pod(
+    name: str, spec: dict[str, Any], selector: dict[str, str] | None = None
+) -> list[dict[str, Any]]:
     template = {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaimTemplate",
@@ -74,7 +87,7 @@ def _pod(name: str, spec: dict[str, Any]) -> list[dict[str, Any]]:
         "kind": "Pod",
         "metadata": {"name": name, "namespace": NS},
         "spec": {
-            "nodeSelector": {"kubernetes.io/hostname": NODE},
+            "nodeSelector": selector or {"kubernetes.io/hostname": NODE},
             "resourceClaims": [{"name": "c", "resourceClaimTemplateName": name}],
             "containers": [
                 {"name": "c", "image": "pause", "resources": {"claims": [{"name": "c"}]}}
@@ -84,9 +97,21 @@ def _pod(name: str, spec: dict[str, Any]) -> list[dict[str, Any]]:
     return [template, pod]
 
 
-def _allocated(cluster: Cluster, name: str, spec: dict[str, Any]) -> list[tuple[str, str]]:
+def _allocated(
+    cluster: Cluster, name: str, spec: dict[str, Any], selector: dict[str, str] | None = None
+) -> list[tuple[str, str]]:
+    got = _allocated_on(cluster, name, spec, selector)
+    if selector is None:
+        assert {pool for _, _, pool in got} == {NODE}
+    return [(r, d) for r, d, _ in got]
+
+
+def _allocated_on(
+    cluster: Cluster, name: str, spec: dict[str, Any], selector: dict[str, str] | None = None
+) -> list[tuple[str, str, str]]:
+    """(request, device, pool) of the claim the scheduler allocated for a new pod."""
     try:
-        cluster.apply(_pod(name, spec))
+        cluster.apply(_pod(name, spec, selector))
     except subprocess.CalledProcessError as exc:
         pytest.fail(f"apply {name}: {exc.stderr}")
     out = poll(lambda: pod_outcome(cluster, NS, name), 60, 0.3, f"pod {name} scheduled")
@@ -94,8 +119,7 @@ def _allocated(cluster: Cluster, name: str, spec: dict[str, Any]) -> list[tuple[
     claim = out[1]
     assert claim is not None
     results = claim["status"]["allocation"]["devices"]["results"]
-    assert {r["pool"] for r in results} == {NODE}
-    return sorted((r["request"], r["device"]) for r in results)
+    return sorted((r["request"], r["device"], r["pool"]) for r in results)
 
 
 def _predicted(
@@ -122,6 +146,19 @@ def _pinned(buses: list[str]) -> dict[str, Any]:
             }
         )
     return {"devices": {"requests": requests}}
+
+
+def test_scheduler_prefers_the_node_with_the_best_rungs(
+    cluster: Cluster, ladder_node: list[dict[str, Any]]
+) -> None:
+    """Two free nodes fit the ladder: the DGX with its first rung (`nvlink`) and the PCIe
+    box with its third (`switch`). kube-scheduler scores nodes by the sub-requests their
+    allocation uses (KEP-4816 scoring), so the pod lands on the DGX."""
+    ladder = ladder_spec(2, 1, DRIVER)
+    got = _allocated_on(cluster, "ladder-pick", ladder, {"e2e": "ladder"})
+    assert {pool for _, _, pool in got} == {DGX}
+    assert set(rung_of([r for r, _, _ in got]).values()) == {"nvlink", "paired"}
+    cluster.kubectl("-n", NS, "delete", "pod", "ladder-pick", "--force", "--grace-period=0")
 
 
 def test_ladder_first_rung_then_a_looser_one(
