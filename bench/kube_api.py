@@ -1,0 +1,328 @@
+#!/usr/bin/env python3
+"""The DRA driver's figures against a real Kubernetes v1.36.2 control plane (issue #13).
+
+  published    seconds from starting `toposlice run --fake dgx-h100` (as the chart's
+               ServiceAccount, pod-bound token) until its ResourceSlices are listed by the
+               real API server, best / worst of --starts starts on fresh nodes
+  prepare      NodePrepareResources latency, p50/p99, one claim with one device per call,
+               over one open gRPC connection after a warm-up, 1 and 16 concurrent callers.
+               Every call prepares a claim not prepared before, so it includes the driver's
+               GET of the ResourceClaim from the real API server (TLS, token auth, RBAC,
+               the admission chain does not apply to reads), the CDI spec, the NCCL file
+               and the checkpoint; each is unprepared again (timed apart). The claims are
+               created and their allocation written by this process as admin (the
+               scheduler's part is the next figure). Target: p99 <= 5 ms at 1 caller
+  scheduled    the real kube-scheduler's time from a pod's creation to its claim's
+               allocation (seen through a watch), for --pods pods each with a one-GPU
+               claim from a template, on 4 nodes (dgx-h100, pcie-8gpu, mi300x-8,
+               gb200-nvl72-tray: 28 GPUs), created in waves of at most 25 and deleted
+               between waves; p50 / p99 / max, and the waves' pods per second
+
+The control plane comes from tests/e2e/cluster.py ($TOPOSLICE_KUBE_ASSETS or
+../shared/kube, docs/e2e.md). Usage: python3 bench/kube_api.py [--calls 500] [--pods 100]
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# bench/http.py would shadow the standard library's http package: drop the script's folder.
+if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
+    sys.path.pop(0)
+
+import argparse
+import concurrent.futures
+import json
+import tempfile
+import threading
+import time
+import uuid
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from tests.e2e.cluster import SKIP_REASON, Cluster, find_assets, poll  # noqa: E402
+from tests.e2e.toposlice_setup import (  # noqa: E402
+    DRIVER,
+    NodeDriver,
+    install,
+    published_slices,
+)
+from tests.kubelet import NodeClient  # noqa: E402
+
+NAMESPACE = "bench"
+SCHED_NODES = {
+    "bench-dgx": "dgx-h100",
+    "bench-pcie": "pcie-8gpu",
+    "bench-mi300x": "mi300x-8",
+    "bench-gb200": "gb200-nvl72-tray",
+}
+WAVE = 25
+
+
+def pct(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
+
+
+def measure_published(cluster: Cluster, starts: int) -> list[float]:
+    times = []
+    for i in range(starts):
+        node = f"bench-start-{i}"
+        cluster.add_node(node)
+        drv = NodeDriver(cluster, node, "dgx-h100")
+        t0 = time.monotonic()
+        drv.start()
+        # The kubelet side registers it meanwhile, as a kubelet would.
+        reg = threading.Thread(target=drv.wait_started, daemon=True)
+        reg.start()
+        poll(lambda n=node: published_slices(cluster, n), 60, 0.005, f"slices of {node}")
+        times.append(time.monotonic() - t0)
+        reg.join(60)
+        drv.cleanup()
+        cluster.kubectl("delete", "resourceslices", f"--field-selector=spec.nodeName={node}")
+        cluster.remove_node(node)
+    return times
+
+
+def allocated_claim(api: Any, node: str, device: str, name: str) -> tuple[str, str, str]:
+    """A ResourceClaim created, allocated to ``device`` and reserved for a pod, as the
+    scheduler would leave it (status written by admin); its (namespace, name, uid)."""
+    from kubernetes import client
+
+    rapi = client.ResourceV1Api(api)
+    body = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {
+            "devices": {"requests": [{"name": "req", "exactly": {"deviceClassName": "gpu.x"}}]}
+        },
+    }
+    created = rapi.create_namespaced_resource_claim(NAMESPACE, body, _preload_content=False)
+    obj = json.loads(created.data)
+    obj["status"] = {
+        "allocation": {
+            "devices": {
+                "results": [{"request": "req", "driver": DRIVER, "pool": node, "device": device}]
+            }
+        },
+        "reservedFor": [{"resource": "pods", "name": f"pod-{name}", "uid": str(uuid.uuid4())}],
+    }
+    rapi.replace_namespaced_resource_claim_status(name, NAMESPACE, obj, _preload_content=False)
+    return NAMESPACE, name, obj["metadata"]["uid"]
+
+
+def prepare_latency(
+    cluster: Cluster, drv: NodeDriver, devices: list[str], callers: int, calls: int, warmup: int
+) -> tuple[list[float], list[float]]:
+    api = cluster.api_client()
+    per_caller = max(1, (calls + callers - 1) // callers)
+    warm_each = max(1, warmup // callers)
+    claims = [
+        [
+            allocated_claim(api, drv.node, devices[c], f"p{callers}-{c}-{k}")
+            for k in range(per_caller + warm_each)
+        ]
+        for c in range(callers)
+    ]
+    prep: list[float] = []
+    unprep: list[float] = []
+    lock = threading.Lock()
+    barrier = threading.Barrier(callers)
+    with NodeClient(drv.endpoint) as kubelet:
+
+        def caller(refs: list[tuple[str, str, str]]) -> None:
+            mine_p, mine_u = [], []
+            barrier.wait()
+            for k, ref in enumerate(refs):
+                t = time.perf_counter()
+                resp = kubelet.prepare([ref])
+                dt = time.perf_counter() - t
+                if resp.claims[ref[2]].error:
+                    raise RuntimeError(resp.claims[ref[2]].error)
+                t = time.perf_counter()
+                un = kubelet.unprepare([ref])
+                du = time.perf_counter() - t
+                if un.claims[ref[2]].error:
+                    raise RuntimeError(un.claims[ref[2]].error)
+                if k >= warm_each:
+                    mine_p.append(dt)
+                    mine_u.append(du)
+            with lock:
+                prep.extend(mine_p)
+                unprep.extend(mine_u)
+
+        with concurrent.futures.ThreadPoolExecutor(callers) as pool:
+            for f in [pool.submit(caller, refs) for refs in claims]:
+                f.result()
+    return prep, unprep
+
+
+def watch_allocations(resp: Any, allocated: dict[str, float], n: int) -> None:
+    """Read a ResourceClaim watch stream (JSON lines); record when each owning pod's
+    claim is first seen allocated, until ``n`` are."""
+    buf = b""
+    for chunk in resp.stream(4096):
+        buf += chunk
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            obj = json.loads(line)["object"]
+            owners = obj["metadata"].get("ownerReferences") or []
+            if (obj.get("status") or {}).get("allocation") and owners:
+                allocated.setdefault(owners[0]["name"], time.monotonic())
+            if len(allocated) >= n:
+                return
+
+
+def get_latency(cluster: Cluster, drv: NodeDriver, calls: int) -> list[float]:
+    """The floor under prepare: GET of one ResourceClaim through the driver's own client
+    code (driver/kube.py, the node's pod-bound token), from this process, one caller."""
+    from driver.kube import build_api_client, request_json
+
+    api = cluster.api_client()
+    ns, name, _uid = allocated_claim(api, drv.node, "cpu-numa0", "get-floor")
+    client = build_api_client(str(drv.kubeconfig))
+    path = f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}"
+    out = []
+    for k in range(calls + 20):
+        t = time.perf_counter()
+        request_json(client, "GET", path)
+        if k >= 20:
+            out.append(time.perf_counter() - t)
+    return out
+
+
+def scheduling_latency(cluster: Cluster, pods: int) -> tuple[list[float], float]:
+    """Seconds from each pod's create call to its claim's allocation (watch), and the
+    pods per second over the waves (first create to last allocation, per wave)."""
+    from kubernetes import client
+
+    api = cluster.api_client()
+    core, rapi = client.CoreV1Api(api), client.ResourceV1Api(api)
+    template = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "one-gpu", "namespace": NAMESPACE},
+        "spec": {
+            "spec": {
+                "devices": {
+                    "requests": [{"name": "gpu", "exactly": {"deviceClassName": f"gpu.{DRIVER}"}}]
+                }
+            }
+        },
+    }
+    rapi.create_namespaced_resource_claim_template(NAMESPACE, template)
+    latencies: list[float] = []
+    busy = 0.0
+    done = 0
+    wave_no = 0
+    while done < pods:
+        n = min(WAVE, pods - done)
+        created: dict[str, float] = {}
+        allocated: dict[str, float] = {}
+        resp = rapi.list_namespaced_resource_claim(
+            NAMESPACE, watch=True, timeout_seconds=120, _preload_content=False
+        )
+        th = threading.Thread(target=watch_allocations, args=(resp, allocated, n), daemon=True)
+        th.start()
+        time.sleep(0.5)  # the watch is established before the first create
+        for i in range(n):
+            name = f"w{wave_no}-p{i}"
+            pod = {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": name, "namespace": NAMESPACE},
+                "spec": {
+                    "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}],
+                    "containers": [
+                        {"name": "c", "image": "pause", "resources": {"claims": [{"name": "gpu"}]}}
+                    ],
+                },
+            }
+            created[name] = time.monotonic()
+            core.create_namespaced_pod(NAMESPACE, pod)
+        th.join(120)
+        resp.release_conn()
+        missing = set(created) - set(allocated)
+        if missing:
+            raise RuntimeError(f"wave {wave_no}: not allocated within 120 s: {sorted(missing)}")
+        latencies += [allocated[p] - created[p] for p in created]
+        busy += max(allocated.values()) - min(created.values())
+        done += n
+        wave_no += 1
+        cluster.kubectl("-n", NAMESPACE, "delete", "pods", "--all", "--force", "--grace-period=0")
+        poll(
+            lambda: not rapi.list_namespaced_resource_claim(NAMESPACE).items,
+            60,
+            0.1,
+            "claims deleted",
+        )
+    return latencies, pods / busy
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--calls", type=int, default=500, help="timed prepares per scenario")
+    ap.add_argument("--warmup", type=int, default=50)
+    ap.add_argument("--starts", type=int, default=3)
+    ap.add_argument("--pods", type=int, default=100)
+    args = ap.parse_args()
+    assets = find_assets()
+    if assets is None:
+        print(f"bench/kube_api.py: {SKIP_REASON}", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory(prefix="tsb-kube-") as d:
+        cluster = Cluster.start(Path(d) / "cluster", assets)
+        try:
+            return _run(cluster, args)
+        finally:
+            cluster.stop()
+
+
+def _run(cluster: Cluster, args: argparse.Namespace) -> int:
+    install(cluster)
+    cluster.kubectl("create", "namespace", NAMESPACE)
+    published = measure_published(cluster, args.starts)
+
+    drivers = {}
+    for node, machine in SCHED_NODES.items():
+        cluster.add_node(node)
+        drivers[node] = NodeDriver(cluster, node, machine).start()
+    for drv in drivers.values():
+        drv.wait_started()
+    dgx = drivers["bench-dgx"]
+    devices = [d["name"] for s in published_slices(cluster, dgx.node) for d in s["spec"]["devices"]]
+    floor = get_latency(cluster, dgx, args.calls)
+    lat = {c: prepare_latency(cluster, dgx, devices, c, args.calls, args.warmup) for c in (1, 16)}
+    cluster.kubectl("-n", NAMESPACE, "delete", "resourceclaims", "--all")
+    sched, rate = scheduling_latency(cluster, args.pods)
+
+    ms = 1000.0
+    print("toposlice DRA driver against kube-apiserver/kube-scheduler v1.36.2 (issue #13)")
+    print(f"{'figure':48} {'value':>24} {'target':>12}")
+    print(
+        f"{'start-to-slices-published (best / worst of ' + str(args.starts) + ')':48} "
+        f"{min(published):>12.3f} s / {max(published):.3f} s"
+    )
+    for callers, (prep, unprep) in lat.items():
+        label = f"NodePrepareResources p50 / p99, {callers:2d} caller(s)"
+        target = "p99 <= 5 ms" if callers == 1 else ""
+        print(f"{label:48} {pct(prep, 50) * ms:>10.2f} / {pct(prep, 99) * ms:6.2f} ms {target:>12}")
+        label = f"  (unprepare p50 / p99, {len(prep)} calls)"
+        print(f"{label:48} {pct(unprep, 50) * ms:>10.2f} / {pct(unprep, 99) * ms:6.2f} ms")
+    label = "  (ResourceClaim GET alone, same client, p50 / p99)"
+    print(f"{label:48} {pct(floor, 50) * ms:>10.2f} / {pct(floor, 99) * ms:6.2f} ms")
+    label = f"pod created -> claim allocated, {len(sched)} pods"
+    print(
+        f"{label:48} {pct(sched, 50) * ms:>6.0f} / {pct(sched, 99) * ms:.0f} / "
+        f"{max(sched) * ms:.0f} ms (p50/p99/max)"
+    )
+    print(f"{'  (pods allocated per second, in waves of ' + str(WAVE) + ')':48} {rate:>14.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
