@@ -368,6 +368,21 @@ def test_fake_values_run_on_nodes_without_accelerator_labels() -> None:
     )
 
 
+def test_live_daemonset_mounts_host_dev_for_cdi_device_nodes() -> None:
+    """CDI specs name only device nodes that exist under <host root>/dev (containerd
+    refuses a container with a missing one): the live DaemonSet mounts the host's /dev
+    there read-only; fake hardware has no device nodes and mounts nothing."""
+    spec = node_plugin(render(None))
+    (c,) = spec["containers"]
+    host_root = container_env(c, "node-a")["HOST_ROOT"]
+    vols = {v["name"]: v for v in spec["volumes"]}
+    (mount,) = [m for m in c["volumeMounts"] if m["mountPath"] == f"{host_root}/dev"]
+    assert mount["readOnly"] is True
+    assert vols[mount["name"]]["hostPath"]["path"] == "/dev"
+    fake = node_plugin(render(fake_values()))
+    assert not [v for v in fake["volumes"] if (v.get("hostPath") or {}).get("path") == "/dev"]
+
+
 def test_daemonset_node_name_comes_from_the_downward_api() -> None:
     (c,) = node_plugin(render(None))["containers"]
     (node_env,) = [e for e in c["env"] if e["name"] == "NODE_NAME"]
