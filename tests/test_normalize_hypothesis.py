@@ -12,6 +12,7 @@ from normalize.graph import build_graph
 from normalize.options import NormalizeOptions
 from normalize.slices import build_slices
 from normalize.validation import validate_pool, validate_slice
+from tests.conftest import examples
 
 hexd = "0123456789abcdef"
 bus_ids = st.one_of(
@@ -139,7 +140,7 @@ def inventories(draw: Any) -> Inventory:
 
 
 @settings(
-    max_examples=80,
+    max_examples=examples(80),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )

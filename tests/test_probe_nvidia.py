@@ -20,6 +20,7 @@ from plugins.base import ProbeContext, ProbeReport, ProbeUnavailable
 from plugins.nvidia import MAX_NVLINKS, NvidiaProbe
 from plugins.pci_accel import PciAcceleratorProbe
 from plugins.registry import apply_reports, run_probes
+from tests.conftest import examples
 
 NOT_SUPPORTED = 3
 INVALID_ARGUMENT = 2
@@ -469,7 +470,7 @@ FUNCTIONS = [
 CODES = st.sampled_from([1, 2, 3, 4, 9, 12, 13, 15, 25, 999])
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(200), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(fail=st.dictionaries(st.sampled_from(FUNCTIONS), CODES, max_size=8))
 def test_random_nvml_errors_never_escape(fail: dict[str, int]) -> None:
     fake = FakeNvml(two_gpus(), fail=fail)
@@ -490,7 +491,7 @@ def test_random_nvml_errors_never_escape(fail: dict[str, int]) -> None:
         assert "nvmlShutdown" not in fake.calls
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(
     name=st.one_of(st.text(max_size=20), st.binary(max_size=20), st.none(), st.integers()),
     bus=st.text(max_size=24),

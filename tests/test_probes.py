@@ -25,6 +25,7 @@ from plugins.base import ProbeContext, ProbeReport, ProbeUnavailable
 from plugins.cpu import CpuProbe, parse_cpuinfo
 from plugins.pci_accel import PciAcceleratorProbe, gfx_name, is_accelerator
 from plugins.rdma import RdmaProbe
+from tests.conftest import examples
 
 # --------------------------------------------------------------------------- pci
 
@@ -203,7 +204,7 @@ garbage_file = st.one_of(
 )
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(80), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     files=st.dictionaries(
         st.sampled_from(
@@ -472,7 +473,7 @@ def test_parse_cpuinfo_first_block_wins() -> None:
     assert info["model name"] == "Intel(R) Xeon(R) Platinum 8480+"
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(text=st.text(max_size=300))
 def test_cpu_random_cpuinfo_never_raises(text: str) -> None:
     with tempfile.TemporaryDirectory() as tmp:
