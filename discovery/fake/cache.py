@@ -4,7 +4,7 @@ Building a machine's tree (thousands of small files) and deleting it again took 
 a cold ``toposlice discover --fake``. Trees are deterministic, so each is built once and
 kept under the cache folder, keyed by a hash of the machine file's bytes and of the
 generator's own source: an edited machine file or generator gives a new entry, and the
-entries of the same machine with another key are removed then. An entry is complete or
+file's entries under an older key are removed once unused for ten minutes. An entry is complete or
 absent (built in a temporary folder, renamed into place). The parsed machine is kept
 beside the tree (pickled), so a hit needs neither the YAML parser nor the loader.
 
@@ -23,6 +23,7 @@ import shutil
 import stat
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -112,7 +113,11 @@ def _machine_file(name_or_path: str) -> Path:
 
 
 def _entry_prefix(path: Path) -> str:
-    return "".join(c if c.isalnum() or c in "._-" else "_" for c in path.stem)[:64] + "-"
+    """``<stem>-<hash of the file's absolute path>-``: one file's entries share it, two
+    files of the same name do not (they never remove each other's trees)."""
+    stem = "".join(c if c.isalnum() or c in "._-" else "_" for c in path.stem)[:64]
+    where = hashlib.sha256(os.path.abspath(path).encode()).hexdigest()[:8]
+    return f"{stem}-{where}-"
 
 
 def _load_entry(entry: Path) -> MachineSpec | None:
@@ -154,16 +159,26 @@ def _build_entry(cache: Path, entry: Path, path: Path) -> MachineSpec:
     return spec
 
 
+#: An entry of an older version of a file is removed once unused this long (seconds):
+#: a process that started on it before the file changed is done with it by then.
+STALE_AFTER = 600.0
+
+
 def _prune(cache: Path, keep: Path, prefix: str) -> None:
-    """Remove the same machine's entries under other keys (an older file or generator)."""
+    """Remove the same file's entries under other keys (an older file or generator) that
+    no run has used for :data:`STALE_AFTER` (a hit touches its entry)."""
+    now = time.time()
     for other in cache.iterdir():
-        if other != keep and other.name.startswith(prefix):
-            trash = cache / f".trash-{other.name}"
-            try:
-                os.rename(other, trash)
-            except OSError:
+        if other == keep or not other.name.startswith(prefix):
+            continue
+        try:
+            if now - other.stat().st_mtime < STALE_AFTER:
                 continue
-            shutil.rmtree(trash, ignore_errors=True)
+            trash = cache / f".trash-{other.name}"
+            os.rename(other, trash)
+        except OSError:
+            continue
+        shutil.rmtree(trash, ignore_errors=True)
 
 
 @contextmanager
@@ -190,4 +205,8 @@ def cached_host(name_or_path: str) -> Iterator[FakeHost]:
         with fake_host(str(path)) as host:
             yield host
         return
+    try:
+        os.utime(entry)  # in use: not stale (see _prune)
+    except OSError:
+        pass
     yield FakeHost(root=entry / _TREE, nvml=make_nvml(spec), spec=spec)
