@@ -20,7 +20,7 @@ from hack.hwloc_fixtures import HWLOC, SHARED, ExtractedCases, case_file, hwloc_
 __all__ = ["HWLOC", "SHARED", "examples", "hwloc_cases", "link_copy", "load_truth"]
 
 #: Hypothesis profiles. ``ci``, the default, runs what each test asks for (bounded:
-#: property tests give their count through :func:`examples`, e.g. 40 damaged trees);
+#: property tests give their count through :func:`examples`, e.g. 100 damaged trees);
 #: ``long`` runs ten times as many, for a thorough run before a release or after a parser
 #: change: ``python3 -m pytest --hypothesis-profile long tests/test_hostile_sysfs.py``.
 CI_EXAMPLES = 100
