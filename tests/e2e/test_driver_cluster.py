@@ -13,7 +13,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -22,6 +21,7 @@ from typing import Any
 
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from driver.nccl_topo import nic_bus_id
 from tests.e2e.cluster import FEATURE_GATES, Cluster, free_ports, poll
@@ -133,11 +133,42 @@ def _versions(cluster: Cluster) -> dict[str, str]:
 
 
 def _writes(d: NodeDriver) -> float:
+    """ResourceSlice writes this driver process has sent (its /metrics)."""
     total = 0.0
-    for line in d.metrics().splitlines():
-        if line.startswith("resourceslice_writes_total{"):
-            total += float(line.rsplit(" ", 1)[1])
+    for fam in text_string_to_metric_families(d.metrics()):
+        if fam.name.endswith("resourceslice_writes"):
+            total += sum(s.value for s in fam.samples if s.name.endswith("_total"))
     return total
+
+
+def _slice_requests(cluster: Cluster) -> dict[str, float]:
+    """kube-apiserver's own count of ResourceSlice requests, by verb (its /metrics)."""
+    out: dict[str, float] = {}
+    text = cluster.kubectl("get", "--raw", "/metrics")
+    for fam in text_string_to_metric_families(text):
+        if fam.name != "apiserver_request":
+            continue
+        for s in fam.samples:
+            labels = s.labels
+            if s.name.endswith("_total") and labels.get("resource") == "resourceslices":
+                out[labels["verb"]] = out.get(labels["verb"], 0.0) + s.value
+    return out
+
+
+WRITE_VERBS = ("POST", "PUT", "PATCH", "DELETE", "DELETECOLLECTION", "APPLY")
+
+
+def _wait_resyncs(cluster: Cluster, since: dict[str, float], lists: int) -> dict[str, float]:
+    """Wait until the API server has served ``lists`` more ResourceSlice LISTs (the
+    drivers' resyncs: each lists its pool); its request counts then."""
+    return poll(
+        lambda: (
+            (now := _slice_requests(cluster)).get("LIST", 0) >= since.get("LIST", 0) + lists and now
+        ),
+        30,
+        0.2,
+        f"{lists} resync LISTs",
+    )
 
 
 def test_slices_are_accepted_and_equal_toposlice_slices(
@@ -157,15 +188,21 @@ def test_steady_state_and_kill_9_restart_write_nothing(
 ) -> None:
     before = _versions(cluster)
     writes = {n: _writes(d) for n, d in drivers.items()}
-    # Several resyncs (every 1 s) on every node; each lists its pool and finds it current.
-    time.sleep(3.5)
+    assert all(w >= 1 for w in writes.values()), writes  # each created its slices
+    requests = _slice_requests(cluster)
+    # Resyncs (every 1 s): each driver lists its pool and finds it current. Two rounds of
+    # every driver, counted by the API server itself.
+    after = _wait_resyncs(cluster, requests, 2 * len(drivers))
+    assert {v: after.get(v, 0) for v in WRITE_VERBS} == {v: requests.get(v, 0) for v in WRITE_VERBS}
     assert _versions(cluster) == before
     assert {n: _writes(d) for n, d in drivers.items()} == writes
 
     d = drivers["e2e-drv-mi300x"]
     d.stop(signal.SIGKILL)
-    d.start().wait_started()
-    time.sleep(2.5)  # two resyncs after the restart
+    requests = _slice_requests(cluster)
+    d.start().wait_started()  # ready: registered and its pool found current
+    after = _wait_resyncs(cluster, requests, len(drivers) + 2)
+    assert {v: after.get(v, 0) for v in WRITE_VERBS} == {v: requests.get(v, 0) for v in WRITE_VERBS}
     assert _versions(cluster) == before
     assert _writes(d) == 0
 
