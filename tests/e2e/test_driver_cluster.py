@@ -1,6 +1,6 @@
 """toposlice on the real control plane, installed as a user installs it.
 
-The chart (values-fake) is applied but its DaemonSet; on each of four nodes a
+The chart (values-fake) is applied but its DaemonSet; on each of seven nodes a
 ``toposlice run --fake MACHINE`` process runs as the chart's ServiceAccount with a token
 bound to a Pod on its node, so RBAC and the admission policy are the chart's own. The
 drivers start once for the module; the tests run in file order (the restarts last).
@@ -41,13 +41,15 @@ from tests.test_examples import EXAMPLES, VENDOR_CLASSES, expectations
 
 pytestmark = pytest.mark.e2e
 
-#: node name -> fake machine. The NVSwitch and the PCIe machines are also the extender's
-#: pair; the others are named by examples/ comments.
+#: node name -> fake machine: every shipped machine, so each examples/ comment line has its
+#: node (the NVSwitch and the PCIe machines are also the extender's pair).
 MACHINES = {
     "e2e-drv-dgx": "dgx-h100",
     "e2e-drv-mi300x": "mi300x-8",
     "e2e-drv-gb200": "gb200-nvl72-tray",
     "e2e-drv-pcie": "pcie-8gpu",
+    "e2e-drv-vm": "cloud-vm-1gpu",
+    "e2e-drv-cpu": "cpu-2s",
 }
 #: A DGX where a vendor GPU driver publishes the GPUs and toposlice only NICs and CPUs.
 VENDOR_NODE, VENDOR_DRIVER = "e2e-drv-dgxv", "gpu.nvidia.com"
