@@ -1,6 +1,6 @@
 """toposlice on the real control plane, installed as a user installs it.
 
-The chart (values-fake) is applied but its DaemonSet; on each of seven nodes a
+The chart (values-fake) is applied but its DaemonSet; on each of eight nodes a
 ``toposlice run --fake MACHINE`` process runs as the chart's ServiceAccount with a token
 bound to a Pod on its node, so RBAC and the admission policy are the chart's own. The
 drivers start once for the module; the tests run in file order (the restarts last).
@@ -51,18 +51,20 @@ MACHINES = {
     "e2e-drv-vm": "cloud-vm-1gpu",
     "e2e-drv-cpu": "cpu-2s",
 }
-#: A DGX where a vendor GPU driver publishes the GPUs and toposlice only NICs and CPUs.
-VENDOR_NODE, VENDOR_DRIVER = "e2e-drv-dgxv", "gpu.nvidia.com"
+#: Machines where a vendor GPU driver publishes the GPUs and toposlice only NICs and CPUs.
+VENDOR_DRIVER = "gpu.nvidia.com"
+VENDOR_NODES = {"e2e-drv-dgxv": "dgx-h100", "e2e-drv-gb200v": "gb200-nvl72-tray"}
+ALL_NODES = [*MACHINES, *VENDOR_NODES]
 EXAMPLE_NODES = {machine: node for node, machine in MACHINES.items()}
-EXAMPLE_NODES[f"dgx-h100 beside {VENDOR_DRIVER}"] = VENDOR_NODE
+EXAMPLE_NODES |= {f"{m} beside {VENDOR_DRIVER}": node for node, m in VENDOR_NODES.items()}
 
 
-def _vendor_objects() -> list[dict[str, Any]]:
-    """The DeviceClass and slice the NVIDIA GPU driver would publish on VENDOR_NODE (full
-    GPUs named ``gpu-<index>`` with uuid, index and the standard PCI attributes), as
+def _vendor_slice(node: str, machine: str) -> dict[str, Any]:
+    """The slice the NVIDIA GPU driver would publish on ``node`` (full GPUs named
+    ``gpu-<index>`` with uuid, index and the standard PCI attributes), as
     tests/test_examples.py models them."""
     gpus = []
-    for sl in cli_slices("dgx-h100", VENDOR_NODE):
+    for sl in cli_slices(machine, node):
         for d in sl["spec"]["devices"]:
             a = d["attributes"]
             if a["type"] == {"string": "gpu"}:
@@ -74,20 +76,17 @@ def _vendor_objects() -> list[dict[str, Any]]:
                         "attributes": keep | {"type": {"string": "gpu"}},
                     }
                 )
-    return [
-        VENDOR_CLASSES[VENDOR_DRIVER],
-        {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceSlice",
-            "metadata": {"name": f"{VENDOR_NODE}-{VENDOR_DRIVER}"},
-            "spec": {
-                "driver": VENDOR_DRIVER,
-                "pool": {"name": VENDOR_NODE, "generation": 1, "resourceSliceCount": 1},
-                "nodeName": VENDOR_NODE,
-                "devices": gpus,
-            },
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": f"{node}-{VENDOR_DRIVER}"},
+        "spec": {
+            "driver": VENDOR_DRIVER,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "nodeName": node,
+            "devices": gpus,
         },
-    ]
+    }
 
 
 @pytest.fixture(scope="module")
@@ -97,13 +96,14 @@ def drivers(cluster: Cluster) -> Iterator[dict[str, NodeDriver]]:
     try:
         for node, machine in MACHINES.items():
             cluster.add_node(node, {"e2e.toposlice.dev/machine": machine})
-        cluster.add_node(VENDOR_NODE, {"e2e.toposlice.dev/machine": "dgx-h100"})
-        cluster.apply(_vendor_objects())
+        for node, machine in VENDOR_NODES.items():
+            cluster.add_node(node, {"e2e.toposlice.dev/machine": machine})
+        vendor = [_vendor_slice(n, m) for n, m in VENDOR_NODES.items()]
+        cluster.apply([VENDOR_CLASSES[VENDOR_DRIVER], *vendor])
         for node, machine in MACHINES.items():
             started[node] = NodeDriver(cluster, node, machine).start()
-        started[VENDOR_NODE] = NodeDriver(
-            cluster, VENDOR_NODE, "dgx-h100", "--publish", "nic,cpu"
-        ).start()
+        for node, machine in VENDOR_NODES.items():
+            started[node] = NodeDriver(cluster, node, machine, "--publish", "nic,cpu").start()
         for d in started.values():
             d.wait_started()
         yield started
@@ -111,7 +111,7 @@ def drivers(cluster: Cluster) -> Iterator[dict[str, NodeDriver]]:
         for d in started.values():
             d.cleanup()
         cluster.kubectl("delete", "deviceclass", VENDOR_DRIVER, "--ignore-not-found")
-        for node in [*MACHINES, VENDOR_NODE]:
+        for node in ALL_NODES:
             cluster.kubectl(
                 "delete",
                 "resourceslices",
@@ -579,7 +579,7 @@ def test_emitted_claim_is_allocated_to_the_scorers_choice(
 def _pools(cluster: Cluster) -> dict[str, list[tuple[str, int, int]]]:
     """node -> [(slice name, pool generation, resourceSliceCount)], sorted."""
     out = {}
-    for node in [*MACHINES, VENDOR_NODE]:
+    for node in ALL_NODES:
         out[node] = sorted(
             (
                 s["metadata"]["name"],
