@@ -31,6 +31,7 @@ import yaml
 from tests.e2e.cluster import poll
 from tests.node.conftest import FIGURES, TOPOSLICE_IMAGE, WORKLOAD_IMAGE
 from tests.node.node import Node
+from tests.test_exporter_page import DevTools, browser  # noqa: F401  (the fixture)
 
 pytestmark = pytest.mark.node
 
@@ -334,6 +335,40 @@ def test_exporter_answers_on_the_service_endpoints(node: Node, release: Any) -> 
     assert status == 200 and json.loads(text)
     status, text = fetch("/")
     assert status == 200 and "<html" in text.lower()
+
+
+def plugin_url(node: Node) -> str:
+    pod = ready_plugin(node)
+    assert pod is not None
+    return f"http://{pod['status']['podIP']}:8080"
+
+
+def test_page_renders_with_a_running_claim(
+    node: Node,
+    release: Any,
+    browser: DevTools,  # noqa: F811
+) -> None:
+    """The exporter's page, drawn by headless Chromium from the plugin pod, marks the
+    devices of the claim that runs."""
+    example = "gpu-nic-same-pcie-root.yaml"
+    pod, _ = start_example(node, example)
+    try:
+        want = satisfiable_examples()[example]
+        browser.call("Page.enable")
+        browser.call("Page.navigate", url=plugin_url(node) + "/")
+        deadline = time.monotonic() + 30
+        while browser.js("document.readyState") != "complete" and time.monotonic() < deadline:
+            time.sleep(0.1)
+        count = "document.querySelectorAll('svg#topology [data-kind=\"{}\"]').length"
+        assert browser.js(count.format("gpu")) == 8
+        assert browser.js(count.format("nic")) == 12
+        allocated = browser.js(
+            "document.querySelectorAll('svg#topology [data-allocated=\"true\"]').length"
+        )
+        assert allocated == len(want)
+        assert claim_of(node, pod)["status"]["allocation"]
+    finally:
+        stop_example(node, example)
 
 
 # -- upgrade and uninstall -----------------------------------------------------------------------
