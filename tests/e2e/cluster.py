@@ -458,18 +458,22 @@ class Cluster:
         with contextlib.suppress(FileNotFoundError):
             (self.pids / f"{name}.pid").unlink()
 
+    def kill_all(self, names: Iterable[str], sig: int = signal.SIGTERM) -> None:
+        """:meth:`kill` for several processes at once: all signalled, then each reaped."""
+        names = list(names)
+        start = time.monotonic()
+        for name in names:
+            self._signal(name, sig)
+        for name in names:
+            self._reap(name, start + self._grace(name, None))
+
     def stop(self) -> None:
         """Stop the node renewer and every process started (SIGTERM to all, newest first,
         then each reaped by PID, SIGKILL after its grace period)."""
         self._stop.set()
         if self._renewer is not None and self._renewer is not threading.current_thread():
             self._renewer.join(timeout=10)
-        names = list(reversed(list(self.procs)))
-        start = time.monotonic()
-        for name in names:
-            self._signal(name, signal.SIGTERM)
-        for name in names:
-            self._reap(name, start + self._grace(name, None))
+        self.kill_all(reversed(list(self.procs)))
 
     def log_tail(self, name: str, lines: int = 30) -> str:
         path = self.logs / f"{name}.log"

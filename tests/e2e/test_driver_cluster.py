@@ -108,16 +108,15 @@ def drivers(cluster: Cluster) -> Iterator[dict[str, NodeDriver]]:
             d.wait_started()
         yield started
     finally:
+        cluster.kill_all(d.name for d in started.values())
         for d in started.values():
             d.cleanup()
         cluster.kubectl("delete", "deviceclass", VENDOR_DRIVER, "--ignore-not-found")
+        listed = json.loads(cluster.kubectl("get", "resourceslices", "-o", "json"))["items"]
+        ours = [s["metadata"]["name"] for s in listed if s["spec"].get("nodeName") in ALL_NODES]
+        if ours:
+            cluster.kubectl("delete", "resourceslices", "--ignore-not-found", *ours)
         for node in ALL_NODES:
-            cluster.kubectl(
-                "delete",
-                "resourceslices",
-                f"--field-selector=spec.nodeName={node}",
-                "--ignore-not-found",
-            )
             cluster.remove_node(node)
         uninstall(cluster, objs)
 
