@@ -28,6 +28,7 @@ from tests.e2e.cluster import FEATURE_GATES, Cluster, free_ports, poll
 from tests.e2e.toposlice_setup import (
     DRIVER,
     NodeDriver,
+    chart_objects,
     claim_of,
     claim_pod,
     cli_slices,
@@ -642,3 +643,28 @@ def test_control_plane_restart_converges(
     finally:
         _drop_namespace(cluster, ns)
         _wait_no_claims(cluster)
+
+
+@pytest.mark.parametrize("variant", ["default", "fake", "all-options", "observe"])
+def test_every_chart_object_is_accepted_by_the_api_server(
+    cluster: Cluster, drivers: dict[str, NodeDriver], variant: str
+) -> None:
+    """Each variant tests/test_chart.py renders, every object (the DaemonSet and the
+    scorer's Deployments included), through kube-apiserver's validation and admission
+    with a server-side dry run; only kinds of CRDs not installed here are left out."""
+    from tests.test_chart import CRD_KINDS, VARIANTS
+
+    values = VARIANTS[variant]
+    objs = [
+        o
+        for o in chart_objects(values if values is not None else {})
+        if (o["apiVersion"], o["kind"]) not in CRD_KINDS
+    ]
+    for o in objs:
+        if o["kind"] in ("DaemonSet", "Deployment", "ConfigMap", "Service", "ServiceAccount"):
+            o["metadata"].setdefault("namespace", "toposlice")
+    doc = json.dumps({"apiVersion": "v1", "kind": "List", "items": objs})
+    out = cluster.kubectl(
+        "apply", "--dry-run=server", "--server-side", "--force-conflicts", "-f", "-", input=doc
+    )
+    assert out.count("serverside-applied") == len(objs), out
