@@ -16,6 +16,7 @@ default 40 s, since a real kubelet renews its Lease every 10 s.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
@@ -134,6 +135,7 @@ class Node:
             PATH=os.environ.get("PATH", "") + ":/usr/sbin:/sbin",
         )
         self.started = True
+        atexit.register(self.stop)  # before the cluster's own (atexit runs newest first)
         t0 = time.monotonic()
         res = subprocess.run(
             ["bash", str(self.bin / "node-up.sh"), str(self.cluster.dir), str(self.dir)],
