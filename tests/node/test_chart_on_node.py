@@ -44,6 +44,7 @@ RELEASE = NAMESPACE = "toposlice"
 DRIVER = "toposlice.dev"
 WORKLOADS = "node-examples"
 SPEC_PREFIX = f"k8s.{DRIVER}-claim_"
+REDISCOVER_S = 4
 #: Device names (not request names such as gpu-0) in the examples' allocation comments.
 _DEVICE = re.compile(r"\b((?:gpu|nic)-[0-9a-f]{4}(?:-[0-9a-f]{2}){2}-[0-7]|cpu-[a-z0-9]+)\b")
 
@@ -62,6 +63,8 @@ def values(node: Node, **extra: Any) -> dict[str, Any]:
     data: dict[str, Any] = yaml.safe_load((CHART / "values-fake.yaml").read_text())
     repo, tag = TOPOSLICE_IMAGE.rsplit(":", 1)
     data["image"] = {"repository": repo, "tag": tag, "pullPolicy": "Never"}
+    # Rediscovery (in its spawned helper process) every few seconds: the tier sees many.
+    data["extraArgs"] = [f"--rediscover-interval={REDISCOVER_S}"]
     data["host"] = {
         "kubeletDir": str(node.kubelet_dir),
         "cdiRoot": str(node.cdi_dir),
@@ -138,6 +141,32 @@ def test_plugin_ready_registered_and_publishing(node: Node, release: Any) -> Non
     found = poll(lambda: slices(node), timeout=30, what="the node's ResourceSlices")
     names = {d["name"] for s in found for d in s["spec"]["devices"]}
     assert {n for want in satisfiable_examples().values() for n in want} <= names
+
+
+def discoveries(node: Node) -> int:
+    pod = ready_plugin(node)
+    assert pod is not None
+    url = f"http://{pod['status']['podIP']}:8080/metrics"
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        text = resp.read().decode()
+    m = re.search(r"^toposlice_discovery_duration_seconds_count (\S+)$", text, re.M)
+    return int(float(m.group(1))) if m else 0
+
+
+def test_registration_holds_across_rediscoveries(node: Node, release: Any) -> None:
+    """Registration was lost after the first rediscovery: its spawned helper re-ran an
+    unguarded launcher, so a second driver replaced the kubelet sockets, failed on the
+    taken HTTP port and removed them ("DRA driver toposlice.dev is not registered")."""
+    pod = ready_plugin(node)
+    assert pod is not None
+    poll(lambda: discoveries(node) >= 2, timeout=6 * REDISCOVER_S, what="two rediscoveries")
+    log = (node.logs / "kubelet.log").read_text()
+    registered = [m.start() for m in re.finditer(r"RegisterPlugin started", log)]
+    assert registered and "UnregisterPlugin" not in log[registered[-1] :]
+    assert registry_sockets(node) == [f"{DRIVER}-reg.sock"]
+    again = ready_plugin(node)
+    assert again is not None and again["metadata"]["uid"] == pod["metadata"]["uid"]
+    assert again["status"]["containerStatuses"][0]["restartCount"] == 0
 
 
 # -- workloads -------------------------------------------------------------------------------
