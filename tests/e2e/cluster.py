@@ -65,9 +65,15 @@ FEATURE_GATES = (
 RUNTIME_CONFIG = "resource.k8s.io/v1beta1=true,resource.k8s.io/v1beta2=true"
 
 #: The controller-manager marks a node NotReady when its Lease is older than this; the
-#: harness renews every NODE_RENEW_S, so a broken renewal shows within seconds.
+#: harness renews the Lease every NODE_RENEW_S (what the lifecycle controller watches,
+#: as the kubelet's) and the Ready condition every NODE_STATUS_ROUNDS renewals (every
+#: renewal in a node's first NODE_STATUS_EARLY_S: status updates are what make the
+#: controller lift a new node's not-ready taint), so a broken renewal shows within
+#: seconds and a busy test process has 8 renewals of slack.
 NODE_GRACE_S = 8
-NODE_RENEW_S = 2.0
+NODE_RENEW_S = 1.0
+NODE_STATUS_ROUNDS = 10
+NODE_STATUS_EARLY_S = 6.0
 
 #: Seconds between SIGTERM and SIGKILL. kube-apiserver v1.36.2 closes its port at once on
 #: SIGTERM but its process lingers ~15 s; etcd takes ~7 s while clients hold watches.
@@ -287,7 +293,7 @@ class Cluster:
         self.kubeconfig = self.dir / "admin.kubeconfig"
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self._argv: dict[str, list[str]] = {}
-        self._nodes: set[str] = set()
+        self._nodes: dict[str, float] = {}
         self._nodes_lock = threading.Lock()
         self._stop = threading.Event()
         self._renewer: threading.Thread | None = None
@@ -602,8 +608,9 @@ class Cluster:
     # ---- nodes
 
     def add_node(self, name: str, labels: dict[str, str] | None = None) -> None:
-        """A Node object kept Ready: its Lease and Ready condition are renewed every
-        NODE_RENEW_S seconds by a background thread until :meth:`remove_node`/:meth:`stop`."""
+        """A Node object kept Ready: a background thread renews its Lease every
+        NODE_RENEW_S seconds (and its Ready condition every NODE_STATUS_ROUNDS renewals)
+        until :meth:`remove_node`/:meth:`stop`."""
         core, _ = self._core()
         body = {
             "apiVersion": "v1",
@@ -619,16 +626,16 @@ class Cluster:
             },
         }
         core.create_node(body)
-        self._renew_node(name, first=True)
+        self._renew_node(name, status=True, first=True)
         with self._nodes_lock:
-            self._nodes.add(name)
+            self._nodes[name] = time.monotonic()
 
     def remove_node(self, name: str) -> None:
         """Stop keeping ``name`` Ready and delete its Node and Lease."""
         from kubernetes.client.exceptions import ApiException
 
         with self._nodes_lock:
-            self._nodes.discard(name)
+            self._nodes.pop(name, None)
         core, coord = self._core()
         for call in (
             lambda: core.delete_node(name),
@@ -640,7 +647,7 @@ class Cluster:
                 if exc.status != 404:
                     raise
 
-    def _renew_node(self, name: str, first: bool = False) -> None:
+    def _renew_node(self, name: str, status: bool = False, first: bool = False) -> None:
         from kubernetes.client.exceptions import ApiException
 
         core, coord = self._core()
@@ -654,7 +661,7 @@ class Cluster:
         }
         if first:
             ready["lastTransitionTime"] = now
-        status = {
+        node_status = {
             "status": {
                 "conditions": [ready],
                 "capacity": {"cpu": "128", "memory": "1Ti", "pods": "250"},
@@ -673,7 +680,8 @@ class Cluster:
                 },
             }
         }
-        core.patch_node_status(name, status)
+        if status:
+            core.patch_node_status(name, node_status)
         lease = {
             "apiVersion": "coordination.k8s.io/v1",
             "kind": "Lease",
@@ -692,14 +700,18 @@ class Cluster:
             coord.create_namespaced_lease("kube-node-lease", lease)
 
     def _renew_nodes(self) -> None:
+        rounds = 0
         while not self._stop.wait(NODE_RENEW_S):
+            rounds += 1
             with self._nodes_lock:
-                names = sorted(self._nodes)
-            for name in names:
+                nodes = sorted(self._nodes.items())
+            now = time.monotonic()
+            for name, added in nodes:
                 if self._stop.is_set():
                     return
+                status = rounds % NODE_STATUS_ROUNDS == 0 or now - added < NODE_STATUS_EARLY_S
                 with contextlib.suppress(Exception):  # API server restarting: next round
-                    self._renew_node(name)
+                    self._renew_node(name, status=status)
 
     # ---- identities
 
