@@ -307,12 +307,20 @@ def main() -> int:
 
 
 def _run(cluster: Cluster, args: argparse.Namespace) -> int:
+    drivers: dict[str, NodeDriver] = {}
+    try:
+        return _measure(cluster, args, drivers)
+    finally:
+        for drv in drivers.values():
+            drv.cleanup()
+
+
+def _measure(cluster: Cluster, args: argparse.Namespace, drivers: dict[str, NodeDriver]) -> int:
     install(cluster)
     cluster.kubectl("create", "namespace", NAMESPACE)
     cluster.kubectl("create", "namespace", PREP_NAMESPACE)
     published = measure_published(cluster, args.starts)
 
-    drivers = {}
     for node, machine in [*SCHED_NODES.items(), (PREP_NODE, "dgx-h100")]:
         cluster.add_node(node, {SCHED_LABEL: "yes"} if node in SCHED_NODES else None)
         drivers[node] = NodeDriver(cluster, node, machine).start()
