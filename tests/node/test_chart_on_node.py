@@ -143,14 +143,22 @@ def test_plugin_ready_registered_and_publishing(node: Node, release: Any) -> Non
     assert {n for want in satisfiable_examples().values() for n in want} <= names
 
 
-def discoveries(node: Node) -> int:
+def discoveries(node: Node) -> tuple[int, int]:
+    """(rediscoveries run, of which failed) from the plugin's metrics."""
     pod = ready_plugin(node)
     assert pod is not None
     url = f"http://{pod['status']['podIP']}:8080/metrics"
     with urllib.request.urlopen(url, timeout=10) as resp:
         text = resp.read().decode()
-    m = re.search(r"^toposlice_discovery_duration_seconds_count (\S+)$", text, re.M)
-    return int(float(m.group(1))) if m else 0
+
+    def value(name: str) -> int:
+        m = re.search(rf"^{name} (\S+)$", text, re.M)
+        return int(float(m.group(1))) if m else 0
+
+    return (
+        value("toposlice_discovery_duration_seconds_count"),
+        value("toposlice_discovery_errors_total"),
+    )
 
 
 def test_registration_holds_across_rediscoveries(node: Node, release: Any) -> None:
@@ -159,7 +167,8 @@ def test_registration_holds_across_rediscoveries(node: Node, release: Any) -> No
     taken HTTP port and removed them ("DRA driver toposlice.dev is not registered")."""
     pod = ready_plugin(node)
     assert pod is not None
-    poll(lambda: discoveries(node) >= 2, timeout=6 * REDISCOVER_S, what="two rediscoveries")
+    poll(lambda: discoveries(node)[0] >= 2, timeout=6 * REDISCOVER_S, what="two rediscoveries")
+    assert discoveries(node)[1] == 0, "rediscovery failed in the helper process"
     log = (node.logs / "kubelet.log").read_text()
     registered = [m.start() for m in re.finditer(r"RegisterPlugin started", log)]
     assert registered and "UnregisterPlugin" not in log[registered[-1] :]
