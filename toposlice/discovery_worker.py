@@ -25,9 +25,11 @@ if TYPE_CHECKING:  # multiprocessing is imported on first use: not on the way to
 SWITCH_INTERVAL = 0.001
 
 
-def background() -> None:
+def background(parent: int = 0) -> None:
     """The discovery helper yields the CPU to the server (and to the workloads), and dies
-    with its parent, even one killed with SIGKILL (Linux ``PR_SET_PDEATHSIG``)."""
+    with its parent, even one killed with SIGKILL (Linux ``PR_SET_PDEATHSIG``). ``parent``:
+    the PID that started it; in a container that is PID 1, so "reparented to init" is
+    a parent PID that changed, not one that is 1."""
     with contextlib.suppress(OSError):
         os.nice(10)
     with contextlib.suppress(Exception):
@@ -35,7 +37,7 @@ def background() -> None:
 
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        if os.getppid() == 1:  # the parent died before prctl took effect
+        if os.getppid() != (parent or os.getppid()):  # it died before prctl took effect
             os._exit(0)
 
 
@@ -63,7 +65,10 @@ class DiscoveryWorker:
             from concurrent.futures import ProcessPoolExecutor
 
             self._pool = ProcessPoolExecutor(
-                1, mp_context=multiprocessing.get_context("spawn"), initializer=background
+                1,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=background,
+                initargs=(os.getpid(),),
             )
         return self._pool.submit(discover_snapshot, self.args, None, self.node).result()
 

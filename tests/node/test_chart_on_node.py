@@ -143,6 +143,13 @@ def test_plugin_ready_registered_and_publishing(node: Node, release: Any) -> Non
     assert {n for want in satisfiable_examples().values() for n in want} <= names
 
 
+def plugin_log(node: Node, grep: str) -> str:
+    """The plugin container's log lines holding ``grep`` (read on the node)."""
+    logs = (node.dir / "logs" / "pods").glob(f"{NAMESPACE}_*/plugin/*.log")
+    lines = [ln for p in logs for ln in p.read_text(errors="replace").splitlines()]
+    return "\n".join(ln for ln in lines if grep in ln)[-3000:]
+
+
 def discoveries(node: Node) -> tuple[int, int]:
     """(rediscoveries run, of which failed) from the plugin's metrics."""
     pod = ready_plugin(node)
@@ -168,7 +175,7 @@ def test_registration_holds_across_rediscoveries(node: Node, release: Any) -> No
     pod = ready_plugin(node)
     assert pod is not None
     poll(lambda: discoveries(node)[0] >= 2, timeout=6 * REDISCOVER_S, what="two rediscoveries")
-    assert discoveries(node)[1] == 0, "rediscovery failed in the helper process"
+    assert discoveries(node)[1] == 0, plugin_log(node, "rediscovery failed")
     log = (node.logs / "kubelet.log").read_text()
     registered = [m.start() for m in re.finditer(r"RegisterPlugin started", log)]
     assert registered and "UnregisterPlugin" not in log[registered[-1] :]
