@@ -44,9 +44,15 @@ with a NIC per GPU from 2 GPUs up at load 0.7 on 2 × dgx-h100, 3 × pcie-8gpu a
 mi300x-8, under ``scorer``, ``ladder`` (``toposlice claim`` ladders through the allocator
 model, on the node with the best prioritized-list score), ``careful`` (the claims
 ``examples/`` recommends, tried in order: see ``careful_claims``) and ``plain`` (counts),
-and prints admitted jobs, admitted GPU-hours, mean busbw, NIC locality and p99 decision
-time for each, then the issue #15 targets per seed; its last line is
-``{"cluster": "mixed", "seeds": {...}, "targets_met": {...}}``.
+and prints admitted jobs, admitted GPU-hours, mean busbw, NIC locality, p99 decision time
+and ``fabric_downgrades`` (multi-GPU jobs placed at under half the busbw of the fastest set
+free for them then) for each, then the issue #15 targets per seed (the ladder's: busbw ≥
+1.1× and GPU-hours ≥ the careful user's); its last line is
+``{"cluster": "mixed", "seeds": {...}, "targets_met": {...}}``. The random-order policies
+(ladder, careful, plain) are averaged over ``--draws`` node orders (default 5); the scorer is
+deterministic. ``--frontier`` adds two reference probes that are not targets:
+``busbw-first`` (every multi-GPU job on the fastest free set, best fit) and
+``busbw-first-no8`` (the same, turning 8-GPU jobs away).
 
 The LAST line printed (large cluster) is one JSON object:
 ``{"policies": {"scorer": {...}, "first-fit": {...}, "random": {...}}}``.
@@ -475,25 +481,89 @@ def nic_locality(t: NodeTopology, p: Placement) -> float | None:
 
 
 MIXED_POLICIES = ("scorer", "ladder", "careful", "plain")
+#: Reference probes for ``--frontier`` (not targets): how far mean busbw can go at all.
+FRONTIER_POLICIES = ("busbw-first", "busbw-first-no8")
+#: Policies whose node order is random: their figures are the mean over ``--draws`` orders.
+RANDOM_ORDER = ("ladder", "careful", "plain")
 
 
-def run_mixed(policy: str, nodes: list[MixedNode], jobs: list[Job], seed: int) -> dict[str, Any]:
+def _fastest_set(
+    t: NodeTopology, occ: Occupancy, req: Request
+) -> tuple[float, list[Any], list[Any]] | None:
+    """The fastest free GPU set of ``req``'s size on ``t`` with enough free NICs (lowest bus
+    ids among equals) and its NICs paired optimally, or None."""
+    import itertools
+
+    from scorer.score import assign_nics
+
+    gpus, nics = _free(t, occ)
+    if len(gpus) < req.gpus or len(nics) < req.gpus * req.nics_per_gpu:
+        return None
+    # combinations come in bus-id order: max keeps the lowest bus ids among equals
+    best = max(itertools.combinations(gpus, req.gpus), key=lambda c: set_busbw(t, c))
+    pairs = assign_nics(t, list(best), nics, req.nics_per_gpu) or []
+    return set_busbw(t, best), list(best), [n for _, n in pairs]
+
+
+def busbw_first(
+    topos: list[NodeTopology], occ: Occupancy, req: Request, refuse_over: int = 0
+) -> ClusterPlacement | None:
+    """Reference probe: every multi-GPU job on the fastest free set in the cluster (best fit
+    among equally fast nodes: fewest free GPUs), one GPU on the node whose pairs are slowest;
+    with ``refuse_over``, jobs above that many GPUs are turned away."""
+    if refuse_over and req.gpus > refuse_over:
+        return None
+    found = []
+    for t in topos:
+        got = _fastest_set(t, occ, req)
+        if got is None:
+            continue
+        free = len(_free(t, occ)[0])
+        if req.gpus == 1:
+            pair = set_busbw(t, t.gpus[:2])
+            key: tuple[float, ...] = (-pair, -free)
+        else:
+            key = (got[0], -free)
+        found.append((key, t.name, t, got))
+    if not found:
+        return None
+    _, _, t, (_, gpus, nics) = max(found, key=lambda x: x[0])  # first node among equals
+    return ClusterPlacement((_pod(t, gpus, nics),), 0.0)
+
+
+def best_free_busbw(topos: list[NodeTopology], occ: Occupancy, req: Request) -> float:
+    """The fastest single-node set free for ``req`` right now (0 when none)."""
+    return max((got[0] for t in topos if (got := _fastest_set(t, occ, req))), default=0.0)
+
+
+def run_mixed(
+    policy: str,
+    nodes: list[MixedNode],
+    jobs: list[Job],
+    seed: int,
+    trace: list[tuple[int, int, str | None, float | None]] | None = None,
+    order_seed: int = 0,
+) -> dict[str, Any]:
     """One policy over the mixed cluster: ``scorer`` (scorer.search.place), ``ladder``
     (toposlice claim ladders through the allocator model; the node whose allocation has the
     best prioritized-list score, random among ties, as kube-scheduler 1.35+ does),
     ``careful`` (``careful_claims`` in order, each on the nodes in random order) and
-    ``plain`` (plain counts, nodes in random order)."""
+    ``plain`` (plain counts, nodes in random order). With ``trace``, one
+    ``(job id, GPUs, node or None, busbw or None)`` per job is appended to it."""
     from scorer.ladder import ladder_spec, prioritized_score
 
     topos = [n.topo for n in nodes]
     by_name = {t.name: t for t in topos}
     occ = Occupancy()
-    rng = random.Random(seed * 7919 + MIXED_POLICIES.index(policy))
+    index = (MIXED_POLICIES + FRONTIER_POLICIES).index(policy)
+    rng = random.Random((seed * 7919 + index) * 1009**order_seed)
 
     def decide(req: Request) -> ClusterPlacement | None:
         if policy == "scorer":
             found = place(topos, occ, req, top=1)
             return found[0] if found else None
+        if policy.startswith("busbw-first"):
+            return busbw_first(topos, occ, req, 4 if policy.endswith("no8") else 0)
         order = rng.sample(nodes, len(nodes))
         fits = [n for n in order if _enough(n.topo, occ, req)]
         if policy == "ladder":
@@ -518,6 +588,7 @@ def run_mixed(policy: str, nodes: list[MixedNode], jobs: list[Job], seed: int) -
 
     departures: list[tuple[float, int, ClusterPlacement]] = []
     admitted, gpu_hours, bws, locs, decisions = 0, 0.0, [], [], []
+    slower = 0
     for job in jobs:
         while departures and departures[0][0] <= job.arrival:
             _, _, cp = heapq.heappop(departures)
@@ -527,7 +598,10 @@ def run_mixed(policy: str, nodes: list[MixedNode], jobs: list[Job], seed: int) -
         t0 = time.perf_counter()
         cp = decide(job.req)
         decisions.append((time.perf_counter() - t0) * 1000.0)
+        fastest = best_free_busbw(topos, occ, job.req) if job.req.gpus > 1 and cp else 0.0
         if cp is None:
+            if trace is not None:
+                trace.append((job.id, job.req.gpus, None, None))
             continue
         admitted += 1
         gpu_hours += job.req.gpus * job.duration / 3600.0
@@ -539,8 +613,12 @@ def run_mixed(policy: str, nodes: list[MixedNode], jobs: list[Job], seed: int) -
             loc = nic_locality(by_name[p.node], p)
             if loc is not None:
                 locs.append(loc)
-        if job.req.gpus > 1:
-            bws.append(job_busbw(by_name, cp))
+        bw = job_busbw(by_name, cp) if job.req.gpus > 1 else None
+        if bw is not None:
+            bws.append(bw)
+            slower += bw < 0.5 * fastest
+        if trace is not None:
+            trace.append((job.id, job.req.gpus, cp.pods[0].node, bw))
         heapq.heappush(departures, (job.arrival + job.duration, job.id, cp))
     decisions.sort()
     p99 = decisions[min(len(decisions) - 1, math.ceil(0.99 * len(decisions)) - 1)]
@@ -550,7 +628,25 @@ def run_mixed(policy: str, nodes: list[MixedNode], jobs: list[Job], seed: int) -
         "mean_busbw_gbps": round(sum(bws) / len(bws), 2) if bws else 0.0,
         "nic_locality": round(sum(locs) / len(locs), 4) if locs else 1.0,
         "p99_decision_ms": round(p99, 3),
+        "multi_gpu_jobs": len(bws),
+        "fabric_downgrades": slower,
     }
+
+
+def mean_over_draws(
+    policy: str, nodes: list[MixedNode], jobs: list[Job], seed: int, draws: int
+) -> dict[str, Any]:
+    """A random-order policy's figures averaged over ``draws`` node orders (one draw is noise:
+    on seed 4 the careful user's GPU-hours range 430-645 over eight orders, by whether two
+    long 8-GPU jobs find a whole DGX), with the GPU-hours range; p99 is the worst draw's."""
+    runs = [run_mixed(policy, nodes, jobs, seed, order_seed=d) for d in range(draws)]
+    out: dict[str, Any] = {}
+    for k in runs[0]:
+        vals = [r[k] for r in runs]
+        out[k] = max(vals) if k == "p99_decision_ms" else round(sum(vals) / len(vals), 4)
+    out["gpu_hours_range"] = [min(r["gpu_hours"] for r in runs), max(r["gpu_hours"] for r in runs)]
+    out["draws"] = draws
+    return out
 
 
 def main_mixed(args: argparse.Namespace) -> int:
@@ -559,29 +655,35 @@ def main_mixed(args: argparse.Namespace) -> int:
     seeds = _seeds(args.seeds)
     out: dict[str, dict[str, Any]] = {}
     ok = {"scorer": True, "ladder": True}
+    policies = MIXED_POLICIES + (FRONTIER_POLICIES if args.frontier else ())
     print(
         f"mixed cluster: {len(nodes)} nodes, {total} GPUs; {args.jobs} jobs per seed, "
-        f"load {args.load}",
+        f"load {args.load}; random-order policies averaged over {args.draws} node orders",
         file=sys.stderr,
     )
     for seed in seeds:
         jobs = mixed_stream(args.jobs, total, args.load, seed)
-        res = {p: run_mixed(p, nodes, jobs, seed) for p in MIXED_POLICIES}
+        res = {
+            p: mean_over_draws(p, nodes, jobs, seed, args.draws)
+            if p in RANDOM_ORDER
+            else run_mixed(p, nodes, jobs, seed)
+            for p in policies
+        }
         out[str(seed)] = res
-        for p in MIXED_POLICIES:
-            print(f"seed {seed} {p:8s} {res[p]}", file=sys.stderr)
+        for p in policies:
+            print(f"seed {seed} {p:15s} {res[p]}", file=sys.stderr)
         s, c, lad = res["scorer"], res["careful"], res["ladder"]
         cb = c["mean_busbw_gbps"] or math.inf
         r1, r2 = s["mean_busbw_gbps"] / cb, lad["mean_busbw_gbps"] / cb
         t1 = r1 >= 1.3 and s["gpu_hours"] >= c["gpu_hours"] and s["nic_locality"] >= 0.98
-        t2 = r2 >= 1.1 and lad["gpu_hours"] >= 0.95 * c["gpu_hours"]
+        t2 = r2 >= 1.1 and lad["gpu_hours"] >= c["gpu_hours"]
         ok["scorer"] &= t1
         ok["ladder"] &= t2
         print(
             f"seed {seed} targets: scorer busbw {r1:.2f}x careful (>= 1.3), GPU-hours "
             f"{s['gpu_hours']} vs {c['gpu_hours']}, NIC locality {s['nic_locality']} "
             f"(>= 0.98): {t1}; ladder busbw {r2:.2f}x careful (>= 1.1), GPU-hours "
-            f"{lad['gpu_hours']} vs {c['gpu_hours']} (>= 95 %): {t2}",
+            f"{lad['gpu_hours']} vs {c['gpu_hours']} (>=): {t2}",
             file=sys.stderr,
         )
     print(json.dumps({"cluster": "mixed", "seeds": out, "targets_met": ok}))
@@ -602,6 +704,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--load", type=float, default=None, help="× cluster GPUs (1.0 / 0.7)")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--seeds", default="1-5", help="mixed cluster: seeds (1-5 or 1,3)")
+    ap.add_argument(
+        "--draws", type=int, default=5, help="mixed cluster: node orders per random-order policy"
+    )
+    ap.add_argument(
+        "--frontier",
+        action="store_true",
+        help="mixed cluster: also the busbw-first reference probes (not targets)",
+    )
     args = ap.parse_args(argv)
     if args.cluster == "mixed":
         args.jobs = args.jobs or 200

@@ -16,7 +16,7 @@ from scorer.claim import claim_spec_for
 from scorer.request import Occupancy, Request
 from scorer.score import NodeState, score_devices, score_set
 from scorer.search import domain_placement, node_placements, place
-from scorer.topology import from_graph, rename_graph
+from scorer.topology import NodeTopology, from_graph, rename_graph
 from tests.scorer_support import gpu_machines, machine
 
 MACHINES = gpu_machines(8)
@@ -280,3 +280,37 @@ def test_structured_search_matches_brute_force_where_both_run(
                 assert got >= best - 0.5, (name, k, got, best)
     finally:
         search._NODE_CACHE.clear()
+
+
+def _mixed_nodes() -> list[NodeTopology]:
+    nodes = []
+    for name, count in (("dgx-h100", 2), ("pcie-8gpu", 2), ("mi300x-8", 1)):
+        g = machine(name).graph
+        nodes += [from_graph(rename_graph(g, f"{name}-{i}")) for i in range(count)]
+    return nodes
+
+
+def _take(occ: Occupancy, t: NodeTopology, gpus: int, nics: int) -> None:
+    occ.allocated.setdefault(t.pool, set()).update(
+        [g.dra_device for g in t.gpus[:gpus]] + [n.dra_device for n in t.nics[:nics]]
+    )
+
+
+@pytest.mark.parametrize("k", [2, 4])
+def test_small_nic_jobs_fill_a_used_nvswitch_node_before_pcie_or_a_whole_one(k: int) -> None:
+    """Mixed cluster (bench/placement.py --cluster mixed): a 2- or 4-GPU job with a NIC per
+    GPU goes to an NVSwitch node while one has room — the partly used one, so the other stays
+    whole for an 8-GPU job — and to PCIe only when neither has room."""
+    nodes = _mixed_nodes()
+    by = {t.name: t for t in nodes}
+    req = Request(gpus=k, nics_per_gpu=1, pattern="tensor-parallel", bound="communication")
+    occ = Occupancy()
+    _take(occ, by["dgx-h100-1"], 8 - k, 8 - k)
+    best = place(nodes, occ, req, 1)[0]
+    assert best.pods[0].node == "dgx-h100-1"
+    assert math.isclose(best.parts["busbw_gbps"], 370.8, rel_tol=1e-3)
+    _take(occ, by["dgx-h100-1"], 8, 8)
+    _take(occ, by["dgx-h100-0"], 8 - k + 1, 8 - k + 1)
+    best = place(nodes, occ, req, 1)[0]
+    assert not best.pods[0].node.startswith("dgx-h100")
+    assert best.parts["busbw_gbps"] < 50
