@@ -19,7 +19,7 @@ The same image as the Dockerfile (entrypoint ``toposlice``, command ``run``, use
    too.
 
 Downloads are kept in a cache folder (``--cache``, default ``$XDG_CACHE_HOME`` or
-``~/.cache``/toposlice/oci-build), so a rebuild works offline. Needs ``apt-get`` and
+``~/.cache``/toposlice/oci-build): a rebuild fetches no package again. Needs ``apt-get`` and
 ``dpkg`` (Debian or Ubuntu host). As root, the finished root filesystem is smoke-tested in
 a chroot (``toposlice machines``), as the Dockerfile's build does. The layer is
 reproducible: entries sorted, owned by root, one timestamp (``$SOURCE_DATE_EPOCH``, else 0).
