@@ -19,8 +19,15 @@
                between waves; p50 / p99 / max, and the waves' pods per second. The
                prepare figures use a fifth node, kept out of the pods' node selector
 
+--baseline-src DIR adds a sixth node whose driver runs the toposlice sources in DIR (e.g.
+`git archive <commit> | tar -x -C DIR`): the prepare figures are taken for both drivers in
+this one run, taking turns (call by call at one caller, in rounds at 16), so that a
+change is compared under the same load.
+--only prepare skips the start and scheduling figures.
+
 The control plane comes from tests/e2e/cluster.py ($TOPOSLICE_KUBE_ASSETS or
 ../shared/kube, docs/e2e.md). Usage: python3 bench/kube_api.py [--calls 500] [--pods 100]
+[--baseline-src DIR] [--only prepare]
 """
 
 from __future__ import annotations
@@ -65,7 +72,27 @@ SCHED_LABEL = "bench.toposlice.dev/scheduling"
 #: The node whose driver answers the prepare calls; the claims prepared there (allocated
 #: by this process) stay off the scheduling nodes.
 PREP_NODE = "bench-prep"
+BASE_NODE = "bench-prep-base"
 WAVE = 25
+
+
+class SourceDriver(NodeDriver):
+    """A NodeDriver whose ``toposlice run`` imports toposlice from another source tree
+    (``python -m`` would put the working directory, this tree, first on the path)."""
+
+    def __init__(self, cluster: Cluster, node: str, machine: str, src: Path) -> None:
+        super().__init__(cluster, node, machine)
+        self.src = src
+
+    def argv(self) -> list[str]:
+        argv = super().argv()
+        at = argv.index("-m")
+        boot = (
+            f"import runpy, sys; sys.path.insert(0, {str(self.src)!r}); "
+            "runpy.run_module('toposlice', run_name='__main__', alter_sys=True)"
+        )
+        argv[at : at + 2] = ["-c", boot]
+        return argv
 
 
 def pct(values: list[float], p: float) -> float:
@@ -122,49 +149,75 @@ def allocated_claim(api: Any, node: str, device: str, name: str) -> tuple[str, s
 
 
 def prepare_latency(
-    cluster: Cluster, drv: NodeDriver, devices: list[str], callers: int, calls: int, warmup: int
-) -> tuple[list[float], list[float]]:
+    cluster: Cluster, targets: list[NodeDriver], callers: int, calls: int, warmup: int
+) -> list[tuple[list[float], list[float]]]:
+    """(prepare, unprepare) seconds per target driver. With several targets they take
+    turns under the same load: with one caller call by call, with more in rounds of
+    ``callers`` calls per driver, all callers of a round on one driver (a barrier between
+    turns), the drivers' order alternating from round to round."""
     api = cluster.api_client()
     per_caller = max(1, (calls + callers - 1) // callers)
     warm_each = max(1, warmup // callers)
-    claims = [
-        [
-            allocated_claim(api, drv.node, devices[c], f"p{callers}-{c}-{k}")
-            for k in range(per_caller + warm_each)
+    steps = per_caller + warm_each
+    claims = []
+    for drv in targets:
+        devices = [
+            d["name"] for s in published_slices(cluster, drv.node) for d in s["spec"]["devices"]
         ]
-        for c in range(callers)
-    ]
-    prep: list[float] = []
-    unprep: list[float] = []
+        claims.append(
+            [
+                [
+                    allocated_claim(api, drv.node, devices[c], f"{drv.node}-p{callers}-{c}-{k}")
+                    for k in range(steps)
+                ]
+                for c in range(callers)
+            ]
+        )
+    chunk = 1 if callers == 1 else max(1, min(steps, 4))
+    prep: list[list[float]] = [[] for _ in targets]
+    unprep: list[list[float]] = [[] for _ in targets]
     lock = threading.Lock()
     barrier = threading.Barrier(callers)
-    with NodeClient(drv.endpoint) as kubelet:
+    kubelets = [NodeClient(drv.endpoint) for drv in targets]
 
-        def caller(refs: list[tuple[str, str, str]]) -> None:
-            mine_p, mine_u = [], []
-            barrier.wait()
-            for k, ref in enumerate(refs):
-                t = time.perf_counter()
-                resp = kubelet.prepare([ref])
-                dt = time.perf_counter() - t
-                if resp.claims[ref[2]].error:
-                    raise RuntimeError(resp.claims[ref[2]].error)
-                t = time.perf_counter()
-                un = kubelet.unprepare([ref])
-                du = time.perf_counter() - t
-                if un.claims[ref[2]].error:
-                    raise RuntimeError(un.claims[ref[2]].error)
-                if k >= warm_each:
-                    mine_p.append(dt)
-                    mine_u.append(du)
-            with lock:
-                prep.extend(mine_p)
-                unprep.extend(mine_u)
+    def caller(c: int) -> None:
+        mine_p: list[list[float]] = [[] for _ in targets]
+        mine_u: list[list[float]] = [[] for _ in targets]
+        for r, k0 in enumerate(range(0, steps, chunk)):
+            order = list(range(len(targets)))
+            if r % 2:
+                order.reverse()
+            for i in order:
+                barrier.wait()
+                kubelet = kubelets[i]
+                for k in range(k0, min(steps, k0 + chunk)):
+                    ref = claims[i][c][k]
+                    t = time.perf_counter()
+                    resp = kubelet.prepare([ref])
+                    dt = time.perf_counter() - t
+                    if resp.claims[ref[2]].error:
+                        raise RuntimeError(resp.claims[ref[2]].error)
+                    t = time.perf_counter()
+                    un = kubelet.unprepare([ref])
+                    du = time.perf_counter() - t
+                    if un.claims[ref[2]].error:
+                        raise RuntimeError(un.claims[ref[2]].error)
+                    if k >= warm_each:
+                        mine_p[i].append(dt)
+                        mine_u[i].append(du)
+        with lock:
+            for i in range(len(targets)):
+                prep[i].extend(mine_p[i])
+                unprep[i].extend(mine_u[i])
 
+    try:
         with concurrent.futures.ThreadPoolExecutor(callers) as pool:
-            for f in [pool.submit(caller, refs) for refs in claims]:
+            for f in [pool.submit(caller, c) for c in range(callers)]:
                 f.result()
-    return prep, unprep
+    finally:
+        for kubelet in kubelets:
+            kubelet.close()
+    return list(zip(prep, unprep, strict=True))
 
 
 def watch_allocations(
@@ -196,7 +249,7 @@ def get_latency(cluster: Cluster, drv: NodeDriver, calls: int) -> list[float]:
     from driver.kube import build_api_client, request_json
 
     api = cluster.api_client()
-    ns, name, _uid = allocated_claim(api, drv.node, "cpu-numa0", "get-floor")
+    ns, name, _uid = allocated_claim(api, drv.node, "cpu-numa0", f"{drv.node}-get-floor")
     client = build_api_client(str(drv.kubeconfig))
     path = f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}"
     out = []
@@ -293,6 +346,12 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=50)
     ap.add_argument("--starts", type=int, default=3)
     ap.add_argument("--pods", type=int, default=100)
+    ap.add_argument(
+        "--baseline-src",
+        type=Path,
+        help="also measure GET and prepare with a driver running the sources in this folder",
+    )
+    ap.add_argument("--only", choices=("all", "prepare"), default="all")
     args = ap.parse_args()
     assets = find_assets()
     if assets is None:
@@ -319,36 +378,55 @@ def _measure(cluster: Cluster, args: argparse.Namespace, drivers: dict[str, Node
     install(cluster)
     cluster.kubectl("create", "namespace", NAMESPACE)
     cluster.kubectl("create", "namespace", PREP_NAMESPACE)
-    published = measure_published(cluster, args.starts)
+    everything = args.only == "all"
+    published = measure_published(cluster, args.starts) if everything else []
 
-    for node, machine in [*SCHED_NODES.items(), (PREP_NODE, "dgx-h100")]:
+    nodes = [*SCHED_NODES.items()] if everything else []
+    for node, machine in [*nodes, (PREP_NODE, "dgx-h100")]:
         cluster.add_node(node, {SCHED_LABEL: "yes"} if node in SCHED_NODES else None)
         drivers[node] = NodeDriver(cluster, node, machine).start()
+    if args.baseline_src is not None:
+        cluster.add_node(BASE_NODE)
+        src = args.baseline_src.resolve()
+        drivers[BASE_NODE] = SourceDriver(cluster, BASE_NODE, "dgx-h100", src).start()
     for drv in drivers.values():
         drv.wait_started()
-    dgx = drivers[PREP_NODE]
-    devices = [d["name"] for s in published_slices(cluster, dgx.node) for d in s["spec"]["devices"]]
-    floor = get_latency(cluster, dgx, args.calls)
-    lat = {c: prepare_latency(cluster, dgx, devices, c, args.calls, args.warmup) for c in (1, 16)}
-    # The prepare claims go before the scheduling figure, not while it is measured.
-    cluster.kubectl("delete", "namespace", PREP_NAMESPACE, "--timeout=600s")
-    sched, to_claim, to_alloc, rate = scheduling_latency(cluster, args.pods)
+    # label -> driver; with a baseline, the two take turns in each figure.
+    prep = {"": drivers[PREP_NODE]}
+    if args.baseline_src is not None:
+        prep = {" [baseline]": drivers[BASE_NODE], "": drivers[PREP_NODE]}
+    floor = get_latency(cluster, drivers[PREP_NODE], args.calls)
+    lat: dict[tuple[int, str], tuple[list[float], list[float]]] = {}
+    for callers in (1, 16):
+        figures = prepare_latency(cluster, list(prep.values()), callers, args.calls, args.warmup)
+        for tag, figure in zip(prep, figures, strict=True):
+            lat[callers, tag] = figure
+    sched: list[float] = []
+    if everything:
+        # The prepare claims go before the scheduling figure, not while it is measured.
+        cluster.kubectl("delete", "namespace", PREP_NAMESPACE, "--timeout=600s")
+        sched, to_claim, to_alloc, rate = scheduling_latency(cluster, args.pods)
 
     ms = 1000.0
     print("toposlice DRA driver against kube-apiserver/kube-scheduler v1.36.2 (issue #13)")
+    if args.baseline_src is not None:
+        print(f"[baseline]: the driver from {args.baseline_src}, measured in the same run")
     print(f"{'figure':48} {'value':>24} {'target':>12}")
-    print(
-        f"{'start-to-slices-published (best / worst of ' + str(args.starts) + ')':48} "
-        f"{min(published):>12.3f} s / {max(published):.3f} s"
-    )
-    for callers, (prep, unprep) in lat.items():
-        label = f"NodePrepareResources p50 / p99, {callers:2d} caller(s)"
-        target = "p99 <= 5 ms" if callers == 1 else ""
-        print(f"{label:48} {pct(prep, 50) * ms:>10.2f} / {pct(prep, 99) * ms:6.2f} ms {target:>12}")
-        label = f"  (unprepare p50 / p99, {len(prep)} calls)"
+    if published:
+        print(
+            f"{'start-to-slices-published (best / worst of ' + str(args.starts) + ')':48} "
+            f"{min(published):>12.3f} s / {max(published):.3f} s"
+        )
+    for (callers, tag), (p, unprep) in lat.items():
+        label = f"NodePrepareResources p50 / p99, {callers:2d} caller(s){tag}"
+        target = "p99 <= 5 ms" if callers == 1 and not tag else ""
+        print(f"{label:48} {pct(p, 50) * ms:>10.2f} / {pct(p, 99) * ms:6.2f} ms {target:>12}")
+        label = f"  (unprepare p50 / p99, {len(p)} calls){tag}"
         print(f"{label:48} {pct(unprep, 50) * ms:>10.2f} / {pct(unprep, 99) * ms:6.2f} ms")
     label = "  (ResourceClaim GET alone, same client, p50 / p99)"
     print(f"{label:48} {pct(floor, 50) * ms:>10.2f} / {pct(floor, 99) * ms:6.2f} ms")
+    if not sched:
+        return 0
     label = f"pod created -> claim allocated, {len(sched)} pods"
     print(
         f"{label:48} {pct(sched, 50) * ms:>6.0f} / {pct(sched, 99) * ms:.0f} / "

@@ -17,11 +17,15 @@ def temp_prefix(final_name: str) -> str:
     return f".{final_name}."
 
 
-def write_atomic(path: Path, data: bytes, mode: int = 0o644, *, sync: bool = True) -> None:
+def write_atomic(
+    path: Path, data: bytes, mode: int = 0o644, *, sync: bool = True, sync_dir: bool | None = None
+) -> None:
     """temp file in the same directory + fsync + rename + fsync of the directory.
 
     ``sync=False`` keeps the rename (readers and a kill -9 still see whole files only) but
-    skips the fsyncs, for state that a reboot invalidates anyway.
+    skips the fsyncs, for state that a reboot invalidates anyway. ``sync_dir`` (default:
+    ``sync``) is the directory's fsync alone, which makes the rename itself survive power
+    loss; ``sync=True, sync_dir=False`` is temp + fsync + rename.
 
     Plain ``os`` calls, no ``tempfile``/file objects: the driver writes two or three files
     per prepared claim, and their Python overhead was a visible part of prepare latency."""
@@ -41,7 +45,7 @@ def write_atomic(path: Path, data: bytes, mode: int = 0o644, *, sync: bool = Tru
     except BaseException:
         remove_quiet(Path(tmp))
         raise
-    if sync:
+    if sync if sync_dir is None else sync_dir:
         fsync_dir(directory)
 
 

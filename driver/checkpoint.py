@@ -157,7 +157,12 @@ def load_checkpoint(path: Path, boot_id: str) -> tuple[dict[str, ClaimRecord], L
 
 
 def save_checkpoint(
-    path: Path, boot_id: str, claims: dict[str, ClaimRecord], *, sync: bool = True
+    path: Path,
+    boot_id: str,
+    claims: dict[str, ClaimRecord],
+    *,
+    sync: bool = True,
+    sync_dir: bool | None = None,
 ) -> None:
     # Exactly _canonical({"version": ..., "bootId": ..., "claims": {...}}) (keys sorted,
     # no spaces), put together from each record's cached text; the checksum covers these
@@ -167,4 +172,4 @@ def save_checkpoint(
         f'{{"bootId":{json.dumps(boot_id)},"claims":{{{records}}},"version":{CHECKPOINT_VERSION}}}'
     )
     doc = f'{{"checksum":"{_checksum(text)}","data":{text}}}\n'
-    write_atomic(path, doc.encode(), mode=0o600, sync=sync)
+    write_atomic(path, doc.encode(), mode=0o600, sync=sync, sync_dir=sync_dir)

@@ -450,10 +450,21 @@ class DriverState:
                 return
             with self._lock:
                 claims, newest = self._claims, self._version
-            save_checkpoint(
-                self.checkpoint_path, self.boot_id, claims, sync=self.sync or self.sync_checkpoint
-            )
+            self._save(claims)
             self._durable = newest
+
+    def _save(self, claims: dict[str, ClaimRecord]) -> None:
+        """Write the checkpoint: temp file, fsync, rename. The directory is fsynced too only
+        when state may outlive a reboot (no boot id): otherwise losing the rename means a
+        power loss, which is a reboot, which discards the checkpoint whichever one is
+        found. It was one journal commit in two per prepare and per unprepare."""
+        save_checkpoint(
+            self.checkpoint_path,
+            self.boot_id,
+            claims,
+            sync=self.sync or self.sync_checkpoint,
+            sync_dir=self.sync,
+        )
 
     def _reconcile(self) -> None:
         """At start: remove leftover temp files and the spec/topology files no record owns
@@ -466,12 +477,7 @@ class DriverState:
                 if entry.startswith(temp_prefix) and entry.endswith(TEMP_SUFFIX):
                     remove_quiet(directory / entry)
         if self.load_status == "corrupt":
-            save_checkpoint(
-                self.checkpoint_path,
-                self.boot_id,
-                self._claims,
-                sync=self.sync or self.sync_checkpoint,
-            )
+            self._save(self._claims)
             return
         owned = {f for rec in self._claims.values() for f in rec.files}
         owned |= {str(p) for uid in self._claims for p in self._owned_paths(uid)}
@@ -486,12 +492,7 @@ class DriverState:
             if entry.endswith(".xml") and str(path) not in owned:
                 remove_quiet(path)
         if self.load_status != "ok":
-            save_checkpoint(
-                self.checkpoint_path,
-                self.boot_id,
-                self._claims,
-                sync=self.sync or self.sync_checkpoint,
-            )
+            self._save(self._claims)
 
 
 def _label(ref: ClaimRef) -> str:

@@ -22,6 +22,7 @@ class Api:
     def __init__(self) -> None:
         self.answers: dict[str, list[tuple[int, Any]]] = {}
         self.requests: list[str] = []
+        self.auth: list[str | None] = []
 
 
 @pytest.fixture
@@ -31,6 +32,7 @@ def api() -> Iterator[tuple[Api, ApiClient]]:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             state.requests.append(self.path)
+            state.auth.append(self.headers.get("Authorization"))
             queue = state.answers.get(self.path) or [(404, {"kind": "Status", "code": 404})]
             code, body = queue.pop(0) if len(queue) > 1 else queue[0]
             data = json.dumps(body).encode()
@@ -102,3 +104,36 @@ def test_names_are_path_escaped(api: tuple[Api, ApiClient]) -> None:
     with pytest.raises(ClaimNotFound):
         KubeClaimReader(client).get_claim("ns1", "a/../b")
     assert state.requests == ["/apis/resource.k8s.io/v1/namespaces/ns1/resourceclaims/a%2F..%2Fb"]
+
+
+def test_token_refresh_hook_runs_at_most_once_per_ttl(
+    api: tuple[Api, ApiClient], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The configuration's refresh hook (token rotation) is not run per request, but a
+    rotated token is sent once the cached header is AUTH_TTL_S old."""
+    import driver.kube
+
+    state, client = api
+    state.answers[PATH] = [(200, claim("uid-1", [], name="c1", namespace="ns1"))]
+    cfg = client.configuration
+    cfg.api_key_prefix["BearerToken"] = "Bearer"
+    tokens = iter(["t1", "t2", "t3"])
+    hooks: list[str] = []
+
+    def refresh(c: Configuration) -> None:
+        c.api_key["BearerToken"] = next(tokens)
+        hooks.append(c.api_key["BearerToken"])
+
+    cfg.api_key["BearerToken"] = "t0"
+    cfg.refresh_api_key_hook = refresh
+    now = [1000.0]
+    monkeypatch.setattr(driver.kube, "monotonic", lambda: now[0])
+    reader = KubeClaimReader(client)
+    for _ in range(3):
+        reader.get_claim("ns1", "c1")
+    assert hooks == ["t1"]
+    assert state.auth == ["Bearer t1"] * 3
+    now[0] += driver.kube.AUTH_TTL_S
+    reader.get_claim("ns1", "c1")
+    assert hooks == ["t1", "t2"]
+    assert state.auth[-1] == "Bearer t2"

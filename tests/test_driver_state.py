@@ -549,14 +549,17 @@ def test_only_the_checkpoint_is_fsynced_unless_state_can_outlive_a_reboot(
     assert state.sync is False
     synced.clear()
     state.prepare([ref(c)])
-    # One checkpoint write per prepare, made durable (file and directory); the spec and
-    # topology files are not fsynced: a reboot discards them with the checkpoint.
-    state_dir = str(state.state_dir)
-    assert sorted(synced) == sorted(
-        [state_dir, next(p for p in synced if Path(p).name.startswith(".checkpoint.json."))]
-    )
+    # One checkpoint write per prepare: its temp file fsynced before the rename. Not the
+    # directory, nor the spec and topology files: only a power loss could lose them, and
+    # that is a reboot, which discards them with the checkpoint.
+    assert len(synced) == 1 and Path(synced[0]).name.startswith(".checkpoint.json."), synced
+    synced.clear()
+    state.unprepare([ref(c)])
+    assert len(synced) == 1 and Path(synced[0]).name.startswith(".checkpoint.json."), synced
     unknown_boot = make_state(tmp_path / "b", reader, boot_id=None)
     assert unknown_boot.sync is True
     synced.clear()
     unknown_boot.prepare([ref(c)])
-    assert len(synced) >= 4  # topology, spec, checkpoint (and their directories)
+    # topology, spec, checkpoint, and their directories (the renames must survive too)
+    assert len(synced) >= 4
+    assert str(unknown_boot.state_dir) in synced and str(unknown_boot.cdi_root) in synced
