@@ -70,7 +70,7 @@ import math
 import random
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -124,20 +124,31 @@ def build_cluster() -> list[NodeTopology]:
     return nodes
 
 
-def job_stream(n: int, total_gpus: int, load: float, seed: int) -> list[Job]:
-    rng = random.Random(seed)
-    sizes, weights = zip(*SIZES.items(), strict=True)
-    mean_size = sum(s * w for s, w in SIZES.items())
+def _arrivals(
+    n: int, size_weights: dict[int, float], total_gpus: int, load: float, rng: random.Random
+) -> Iterator[tuple[int, float, int, float]]:
+    """``n`` jobs as (index, arrival, GPUs, run time): Poisson arrivals that keep ``load``
+    of ``total_gpus`` busy, sizes drawn by ``size_weights``, lognormal run times clipped to
+    RUN_CLIP. Lazy: the caller's own draws from ``rng`` for a job (its pattern) come
+    before the next job's, so a seed gives the same stream as when this was inline."""
+    sizes, weights = zip(*size_weights.items(), strict=True)
+    mean_size = sum(s * w for s, w in size_weights.items())
     mean_run = RUN_MEDIAN_S * math.exp(RUN_SIGMA**2 / 2)
     rate = load * total_gpus / (mean_size * mean_run)
     t = 0.0
-    jobs = []
     for i in range(n):
         t += rng.expovariate(rate)
         k = rng.choices(sizes, weights)[0]
         dur = min(
             max(rng.lognormvariate(math.log(RUN_MEDIAN_S), RUN_SIGMA), RUN_CLIP[0]), RUN_CLIP[1]
         )
+        yield i, t, k, dur
+
+
+def job_stream(n: int, total_gpus: int, load: float, seed: int) -> list[Job]:
+    rng = random.Random(seed)
+    jobs = []
+    for i, t, k, dur in _arrivals(n, SIZES, total_gpus, load, rng):
         if k == 1:
             pattern, bound = rng.choice(
                 [
@@ -366,18 +377,8 @@ def build_mixed() -> list[MixedNode]:
 
 def mixed_stream(n: int, total_gpus: int, load: float, seed: int) -> list[Job]:
     rng = random.Random(seed)
-    sizes, weights = zip(*MIXED_SIZES.items(), strict=True)
-    mean_size = sum(s * w for s, w in MIXED_SIZES.items())
-    mean_run = RUN_MEDIAN_S * math.exp(RUN_SIGMA**2 / 2)
-    rate = load * total_gpus / (mean_size * mean_run)
-    t = 0.0
     jobs = []
-    for i in range(n):
-        t += rng.expovariate(rate)
-        k = rng.choices(sizes, weights)[0]
-        dur = min(
-            max(rng.lognormvariate(math.log(RUN_MEDIAN_S), RUN_SIGMA), RUN_CLIP[0]), RUN_CLIP[1]
-        )
+    for i, t, k, dur in _arrivals(n, MIXED_SIZES, total_gpus, load, rng):
         if k == 1:
             pattern, bound = rng.choice(
                 [("independent", "compute"), ("inference-decode", "memory")]

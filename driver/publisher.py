@@ -29,8 +29,6 @@ import json
 import logging
 import random
 import re
-import threading
-import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -40,7 +38,8 @@ from urllib.parse import quote
 from normalize.options import MAX_DEVICES_PER_SLICE
 from normalize.slices import API_VERSION, KIND, slice_name_prefix, split_devices
 
-from .kube import ApiFailure, NodeNotFound, failure, get_node, request_json
+from .kube import failure, request_json
+from .resync_loop import Restart, ResyncLoop, WriteError
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
@@ -50,18 +49,11 @@ Taint = dict[str, str]
 
 log = logging.getLogger("toposlice.publisher")
 
-MAX_CONFLICT_RETRIES = 5
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 
 
-class PublishError(RuntimeError):
-    def __init__(self, what: str, fail: ApiFailure) -> None:
-        super().__init__(f"{what}: {fail.message}")
-        self.failure = fail
-
-
-class _Restart(Exception):
-    """A write hit a conflict: list again and recompute."""
+class PublishError(WriteError):
+    """An API call of the publisher failed."""
 
 
 @dataclass(frozen=True)
@@ -113,8 +105,10 @@ def _keep_time_added(desired: Device, existing: Mapping[str, Any] | None) -> Dev
     return {**desired, "taints": new}
 
 
-class SlicePublisher:
+class SlicePublisher(ResyncLoop):
     """Keeps the node's pool in the API server equal to the desired devices."""
+
+    error_type = PublishError
 
     def __init__(
         self,
@@ -129,36 +123,30 @@ class SlicePublisher:
         rng: random.Random | None = None,
         on_change: Callable[[], None] | None = None,
     ) -> None:
-        self.client = client
+        super().__init__(
+            client,
+            node_name,
+            thread_name="slice-publisher",
+            resync_seconds=resync_seconds,
+            backoff_base=backoff_base,
+            backoff_max=backoff_max,
+            rng=rng,
+        )
         self.driver = driver
-        self.node_name = node_name
         self.max_devices_per_slice = max_devices_per_slice
-        self.resync_seconds = resync_seconds
-        self.backoff_base = backoff_base
-        self.backoff_max = backoff_max
-        self.rng = rng or random.Random()
         self.on_change = on_change
         self._name_re = re.compile(
             rf"^([0-9a-f]{{5,}})-{re.escape(driver)}-{re.escape(node_name)}-[a-z0-9]{{5}}$"
         )
-        self._cond = threading.Condition()
         self._devices: list[Device] | None = None
         self._taints: dict[str, list[Taint]] = {}
-        self._dirty = False
-        self._node_uid: str | None = None
         self._dropped: dict[Any, tuple[str, str]] = {}
         """Slice name -> (devices sent, devices the server kept) when those differed."""
         self.writes: Counter[str] = Counter()
         """Write requests sent, by verb (create/update/delete), including failed ones."""
         self.on_write: Callable[[str, int | str | None, bool], None] | None = None
         """Told of every write: (verb, HTTP status or "network" when it failed, ok)."""
-        self.reconciles = 0
-        self.synced = False
-        """The last reconcile left the API server equal to the desired pool."""
-        self.last_error = ""
         self.generation = 0
-        self._thread: threading.Thread | None = None
-        self._stop = threading.Event()
 
     # -- desired state -------------------------------------------------------------------
 
@@ -175,9 +163,7 @@ class SlicePublisher:
             if new_devices == self._devices and new_taints == self._taints:
                 return False
             self._devices, self._taints = new_devices, new_taints
-            self._dirty = True
-            self.synced = False
-            self._cond.notify_all()
+            self._changed()
         return True
 
     def set_taints(self, taints: Mapping[str, Sequence[Taint]]) -> bool:
@@ -202,17 +188,9 @@ class SlicePublisher:
         chunks = self.desired_chunks()
         if chunks is None:
             raise RuntimeError("reconcile before set_devices")
-        for _attempt in range(MAX_CONFLICT_RETRIES):
-            try:
-                result = self._reconcile(chunks)
-            except _Restart:
-                continue
-            self.reconciles += 1
-            self.generation = result.generation
-            return result
-        raise PublishError(
-            "reconcile", ApiFailure(409, None, f"conflicts {MAX_CONFLICT_RETRIES} times in a row")
-        )
+        result = self._retry_conflicts(lambda: self._reconcile(chunks), "reconcile")
+        self.generation = result.generation
+        return result
 
     def _call(
         self,
@@ -233,28 +211,11 @@ class SlicePublisher:
                 self.on_write(write, f.status if f.status is not None else "network", False)
             if f.conflict:
                 log.info("%s: conflict, re-reading", what)
-                raise _Restart() from exc
+                raise Restart() from exc
             raise PublishError(what, f) from exc
         if write is not None and self.on_write is not None:
             self.on_write(write, None, True)
         return result
-
-    def _owner(self, refresh: bool) -> dict[str, Any]:
-        if self._node_uid is None or refresh:
-            try:
-                node = get_node(self.client, self.node_name)
-            except NodeNotFound as exc:
-                raise PublishError("get node", ApiFailure(404, None, str(exc))) from exc
-            except Exception as exc:
-                raise PublishError("get node", ApiFailure(None, None, str(exc))) from exc
-            self._node_uid = node["metadata"]["uid"]
-        return {
-            "apiVersion": "v1",
-            "kind": "Node",
-            "name": self.node_name,
-            "uid": self._node_uid,
-            "controller": True,
-        }
 
     def _index(self, obj: Mapping[str, Any]) -> int | None:
         m = self._name_re.match(str((obj.get("metadata") or {}).get("name", "")))
@@ -418,83 +379,28 @@ class SlicePublisher:
             if not exc.failure.not_found:
                 raise
 
-    # -- the loop ------------------------------------------------------------------------
+    # -- the loop (driver/resync_loop.py) -----------------------------------------------
 
-    def backoff(self, attempt: int, fail: ApiFailure | None) -> float:
-        """Capped exponential backoff with jitter; ``Retry-After`` wins when given."""
-        if fail is not None and fail.retry_after is not None:
-            return min(self.backoff_max, max(0.0, fail.retry_after))
-        ceiling = min(self.backoff_max, self.backoff_base * (2 ** min(attempt, 30)))
-        return ceiling * (0.5 + 0.5 * self.rng.random())
+    def _has_desired(self) -> bool:
+        return self.desired_chunks() is not None
 
-    def run(self, stop: threading.Event | None = None) -> None:
-        """Reconcile on every change and every ``resync_seconds`` until ``stop`` is set."""
-        stop = stop or self._stop
-        failures = 0
-        while not stop.is_set():
-            with self._cond:
-                self._dirty = False
-            delay = self.resync_seconds
-            if self.desired_chunks() is not None:
-                try:
-                    result = self.reconcile()
-                    if result.writes:
-                        log.info(
-                            "published pool %s generation %d: %d slice(s), %d write(s)",
-                            self.node_name,
-                            result.generation,
-                            result.slices,
-                            result.writes,
-                        )
-                    if failures:
-                        log.info("API server answers again after %d failed attempt(s)", failures)
-                    failures = 0
-                    self.last_error = ""
-                    with self._cond:
-                        self.synced = not self._dirty
-                except PublishError as exc:
-                    delay = self.backoff(failures, exc.failure)
-                    failures += 1
-                    self.synced = False
-                    self.last_error = str(exc)
-                    level = logging.WARNING if exc.failure.transient else logging.ERROR
-                    log.log(level, "publishing failed (%s); retrying in %.1f s", exc, delay)
-                except Exception as exc:  # never let the publishing thread die
-                    delay = self.backoff(failures, None)
-                    failures += 1
-                    self.synced = False
-                    self.last_error = f"{type(exc).__name__}: {exc}"
-                    log.exception("publishing failed unexpectedly; retrying in %.1f s", delay)
-            # While failing, a new desired state does not cut the backoff short.
-            self._wait(stop, delay, wake_on_change=failures == 0)
+    def _sync_once(self) -> None:
+        result = self.reconcile()
+        if result.writes:
+            log.info(
+                "published pool %s generation %d: %d slice(s), %d write(s)",
+                self.node_name,
+                result.generation,
+                result.slices,
+                result.writes,
+            )
 
-    def _wait(self, stop: threading.Event, seconds: float, wake_on_change: bool) -> None:
-        deadline = time.monotonic() + seconds
-        with self._cond:
-            while not (self._dirty and wake_on_change) and not stop.is_set():
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return
-                self._cond.wait(min(left, 0.5))
+    def _log_recovered(self, failures: int) -> None:
+        log.info("API server answers again after %d failed attempt(s)", failures)
 
-    def start(self) -> threading.Thread:
-        self._stop.clear()
-        self._thread = threading.Thread(target=self.run, name="slice-publisher", daemon=True)
-        self._thread.start()
-        return self._thread
+    def _log_failed(self, exc: WriteError, delay: float) -> None:
+        level = logging.WARNING if exc.failure.transient else logging.ERROR
+        log.log(level, "publishing failed (%s); retrying in %.1f s", exc, delay)
 
-    def stop(self, timeout: float = 5.0) -> None:
-        """Stop the loop; the published slices stay (a restart must not wipe the pool)."""
-        self._stop.set()
-        with self._cond:
-            self._cond.notify_all()
-        if self._thread is not None:
-            self._thread.join(timeout)
-
-    def wait_synced(self, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.synced:
-                return True
-            time.sleep(0.02)
-        return self.synced
+    def _log_unexpected(self, delay: float) -> None:
+        log.exception("publishing failed unexpectedly; retrying in %.1f s", delay)

@@ -1,7 +1,8 @@
 """Keep one API object per node equal to a desired one, writing only what changed.
 
 Used for the node's ``NodeResourceTopology`` (``toposlice run --nrt``) and its NFD
-``NodeFeature`` (``--node-feature``), with the publisher's rules (driver/publisher.py):
+``NodeFeature`` (``--node-feature``), with the publisher's rules (driver/publisher.py; the
+loop both run is driver/resync_loop.py):
 
 - a reconcile reads the object (one GET) and compares the fields this writer owns
   (``zones``/``attributes``/``topologyPolicies`` of an NRT, ``spec`` of a NodeFeature),
@@ -26,15 +27,14 @@ import copy
 import json
 import logging
 import random
-import threading
-import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from .kube import ApiFailure, NodeNotFound, failure, get_node, request_json
+from .kube import ApiFailure, failure, get_node, request_json
+from .resync_loop import Restart, ResyncLoop, WriteError
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
@@ -43,17 +43,10 @@ log = logging.getLogger("toposlice.topology_objects")
 
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY = "toposlice"
-MAX_CONFLICT_RETRIES = 5
 
 
-class ObjectError(RuntimeError):
-    def __init__(self, what: str, fail: ApiFailure) -> None:
-        super().__init__(f"{what}: {fail.message}")
-        self.failure = fail
-
-
-class _Restart(Exception):
-    """A write hit a conflict: read again and recompute."""
+class ObjectError(WriteError):
+    """An API call of a :class:`TopologyObjectWriter` failed."""
 
 
 @dataclass(frozen=True)
@@ -90,9 +83,11 @@ def _owned(obj: Mapping[str, Any], fields: Sequence[str]) -> str:
     return json.dumps({f: obj.get(f) for f in fields}, sort_keys=True)
 
 
-class TopologyObjectWriter:
+class TopologyObjectWriter(ResyncLoop):
     """Keeps one object (of ``kind``, owned by the Node ``node_name``) equal to the
     desired one given by :meth:`set_desired`."""
+
+    error_type = ObjectError
 
     def __init__(
         self,
@@ -105,26 +100,21 @@ class TopologyObjectWriter:
         backoff_max: float = 30.0,
         rng: random.Random | None = None,
     ) -> None:
-        self.client = client
+        super().__init__(
+            client,
+            node_name,
+            thread_name=f"{kind.plural}-writer",
+            resync_seconds=resync_seconds,
+            backoff_base=backoff_base,
+            backoff_max=backoff_max,
+            rng=rng,
+        )
         self.kind = kind
-        self.node_name = node_name
-        self.resync_seconds = resync_seconds
-        self.backoff_base = backoff_base
-        self.backoff_max = backoff_max
-        self.rng = rng or random.Random()
-        self._cond = threading.Condition()
         self._desired: dict[str, Any] | None = None
-        self._dirty = False
-        self._node_uid: str | None = None
         self._echo: tuple[str, str] | None = None
         """(owned fields sent, owned fields the server stored) of our last write."""
         self.writes: Counter[str] = Counter()
         """Write requests sent, by verb (create/update), including failed ones."""
-        self.reconciles = 0
-        self.synced = False
-        self.last_error = ""
-        self._thread: threading.Thread | None = None
-        self._stop = threading.Event()
 
     # -- desired state -------------------------------------------------------------------
 
@@ -135,9 +125,7 @@ class TopologyObjectWriter:
             if new == self._desired:
                 return False
             self._desired = new
-            self._dirty = True
-            self.synced = False
-            self._cond.notify_all()
+            self._changed()
         return True
 
     def desired(self) -> dict[str, Any] | None:
@@ -151,17 +139,7 @@ class TopologyObjectWriter:
         desired = self.desired()
         if desired is None:
             raise RuntimeError("reconcile before set_desired")
-        for _attempt in range(MAX_CONFLICT_RETRIES):
-            try:
-                writes = self._reconcile(desired)
-            except _Restart:
-                continue
-            self.reconciles += 1
-            return writes
-        raise ObjectError(
-            f"write {self.kind.name}",
-            ApiFailure(409, None, f"conflicts {MAX_CONFLICT_RETRIES} times in a row"),
-        )
+        return self._retry_conflicts(lambda: self._reconcile(desired), f"write {self.kind.name}")
 
     def _path(self, desired: Mapping[str, Any], named: bool) -> str:
         meta = desired.get("metadata") or {}
@@ -178,29 +156,16 @@ class TopologyObjectWriter:
             f = failure(exc)
             if f.conflict:
                 log.info("%s: conflict, re-reading", what)
-                raise _Restart() from exc
+                raise Restart() from exc
             if f.not_found and method == "POST":
                 where = " and its namespace there" if self.kind.namespaced else ""
                 hint = f"{f.message} (is the {self.kind.name} CRD installed{where}?)"
                 f = ApiFailure(404, f.retry_after, hint)
             raise ObjectError(what, f) from exc
 
-    def _owner(self, refresh: bool) -> dict[str, Any]:
-        if self._node_uid is None or refresh:
-            try:
-                node = get_node(self.client, self.node_name)
-            except NodeNotFound as exc:
-                raise ObjectError("get node", ApiFailure(404, None, str(exc))) from exc
-            except Exception as exc:
-                raise ObjectError("get node", ApiFailure(None, None, str(exc))) from exc
-            self._node_uid = node["metadata"]["uid"]
-        return {
-            "apiVersion": "v1",
-            "kind": "Node",
-            "name": self.node_name,
-            "uid": self._node_uid,
-            "controller": True,
-        }
+    def _get_node(self) -> dict[str, Any]:
+        # This module's get_node, looked up at the call (tests replace it here).
+        return get_node(self.client, self.node_name)
 
     def _read(self, desired: Mapping[str, Any]) -> dict[str, Any] | None:
         what = f"read {self.kind.name}"
@@ -270,77 +235,20 @@ class TopologyObjectWriter:
             fields = self.kind.owned_fields
             self._echo = (_owned(desired, fields), _owned(stored, fields))
 
-    # -- the loop ------------------------------------------------------------------------
+    # -- the loop (driver/resync_loop.py) -----------------------------------------------
 
-    def backoff(self, attempt: int, fail: ApiFailure | None) -> float:
-        """Capped exponential backoff with jitter; ``Retry-After`` wins when given."""
-        if fail is not None and fail.retry_after is not None:
-            return min(self.backoff_max, max(0.0, fail.retry_after))
-        ceiling = min(self.backoff_max, self.backoff_base * (2 ** min(attempt, 30)))
-        return ceiling * (0.5 + 0.5 * self.rng.random())
+    def _has_desired(self) -> bool:
+        return self.desired() is not None
 
-    def run(self, stop: threading.Event | None = None) -> None:
-        """Reconcile on every change and every ``resync_seconds`` until ``stop`` is set."""
-        stop = stop or self._stop
-        failures = 0
-        while not stop.is_set():
-            with self._cond:
-                self._dirty = False
-            delay = self.resync_seconds
-            if self.desired() is not None:
-                try:
-                    if self.reconcile():
-                        log.info("wrote %s for node %s", self.kind.name, self.node_name)
-                    if failures:
-                        log.info("%s written again after %d failure(s)", self.kind.name, failures)
-                    failures = 0
-                    self.last_error = ""
-                    with self._cond:
-                        self.synced = not self._dirty
-                except ObjectError as exc:
-                    delay = self.backoff(failures, exc.failure)
-                    failures += 1
-                    self.synced = False
-                    self.last_error = str(exc)
-                    log.warning("%s failed (%s); retrying in %.1f s", self.kind.name, exc, delay)
-                except Exception as exc:  # never let the thread die
-                    delay = self.backoff(failures, None)
-                    failures += 1
-                    self.synced = False
-                    self.last_error = f"{type(exc).__name__}: {exc}"
-                    log.exception(
-                        "%s failed unexpectedly; retrying in %.1f s", self.kind.name, delay
-                    )
-            self._wait(stop, delay, wake_on_change=failures == 0)
+    def _sync_once(self) -> None:
+        if self.reconcile():
+            log.info("wrote %s for node %s", self.kind.name, self.node_name)
 
-    def _wait(self, stop: threading.Event, seconds: float, wake_on_change: bool) -> None:
-        deadline = time.monotonic() + seconds
-        with self._cond:
-            while not (self._dirty and wake_on_change) and not stop.is_set():
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return
-                self._cond.wait(min(left, 0.5))
+    def _log_recovered(self, failures: int) -> None:
+        log.info("%s written again after %d failure(s)", self.kind.name, failures)
 
-    def start(self) -> threading.Thread:
-        self._stop.clear()
-        name = f"{self.kind.plural}-writer"
-        self._thread = threading.Thread(target=self.run, name=name, daemon=True)
-        self._thread.start()
-        return self._thread
+    def _log_failed(self, exc: WriteError, delay: float) -> None:
+        log.warning("%s failed (%s); retrying in %.1f s", self.kind.name, exc, delay)
 
-    def stop(self, timeout: float = 5.0) -> None:
-        """Stop the loop; the object stays."""
-        self._stop.set()
-        with self._cond:
-            self._cond.notify_all()
-        if self._thread is not None:
-            self._thread.join(timeout)
-
-    def wait_synced(self, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.synced:
-                return True
-            time.sleep(0.02)
-        return self.synced
+    def _log_unexpected(self, delay: float) -> None:
+        log.exception("%s failed unexpectedly; retrying in %.1f s", self.kind.name, delay)

@@ -12,6 +12,7 @@ import copy
 import re
 import subprocess
 import sys
+from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -94,15 +95,13 @@ def expectations(path: Path) -> dict[str, dict[str, list[str]] | None]:
     return out
 
 
-def beside_vendor(slices: tuple[dict[str, Any], ...], vendor: str) -> list[dict[str, Any]]:
-    """The node as it looks with a vendor GPU driver publishing the GPUs and toposlice
-    publishing NICs and CPUs: the vendor's devices are named ``gpu-<index>`` and carry the
-    standard ``pciBusID`` / ``pcieRoot`` (as the NVIDIA driver publishes full GPUs)."""
-    ours = copy.deepcopy(list(slices))
+def vendor_slice(slices: Sequence[dict[str, Any]], node: str, vendor: str) -> dict[str, Any]:
+    """The slice a vendor GPU driver publishes on ``node`` for the GPUs of toposlice's
+    ``slices``: full GPUs named ``gpu-<index>`` carrying uuid, index and the standard
+    ``pciBusID`` / ``pcieRoot`` (as the NVIDIA driver publishes them)."""
     theirs: list[dict[str, Any]] = []
-    for sl in ours:
-        devices = sl["spec"]["devices"]
-        for d in devices:
+    for sl in slices:
+        for d in sl["spec"]["devices"]:
             a = d["attributes"]
             if a["type"] != {"string": "gpu"}:
                 continue
@@ -114,19 +113,28 @@ def beside_vendor(slices: tuple[dict[str, Any], ...], vendor: str) -> list[dict[
                     "attributes": keep | {"type": {"string": "gpu"}},
                 }
             )
-        sl["spec"]["devices"] = [d for d in devices if d["attributes"]["type"] != {"string": "gpu"}]
-    vendor_slice = {
+    return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceSlice",
-        "metadata": {"name": f"{NODE}-{vendor}"},
+        "metadata": {"name": f"{node}-{vendor}"},
         "spec": {
             "driver": vendor,
-            "pool": {"name": NODE, "generation": 1, "resourceSliceCount": 1},
-            "nodeName": NODE,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "nodeName": node,
             "devices": theirs,
         },
     }
-    return [*ours, vendor_slice]
+
+
+def beside_vendor(slices: tuple[dict[str, Any], ...], vendor: str) -> list[dict[str, Any]]:
+    """The node as it looks with a vendor GPU driver publishing the GPUs
+    (:func:`vendor_slice`) and toposlice publishing NICs and CPUs."""
+    ours = copy.deepcopy(list(slices))
+    theirs = vendor_slice(ours, NODE, vendor)
+    for sl in ours:
+        devices = sl["spec"]["devices"]
+        sl["spec"]["devices"] = [d for d in devices if d["attributes"]["type"] != {"string": "gpu"}]
+    return [*ours, theirs]
 
 
 def node_view(machine: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

@@ -38,7 +38,7 @@ from tests.e2e.toposlice_setup import (
     uninstall,
 )
 from tests.kubelet import NodeClient
-from tests.test_examples import EXAMPLES, VENDOR_CLASSES, expectations
+from tests.test_examples import EXAMPLES, VENDOR_CLASSES, expectations, vendor_slice
 
 pytestmark = pytest.mark.e2e
 
@@ -60,36 +60,6 @@ EXAMPLE_NODES = {machine: node for node, machine in MACHINES.items()}
 EXAMPLE_NODES |= {f"{m} beside {VENDOR_DRIVER}": node for node, m in VENDOR_NODES.items()}
 
 
-def _vendor_slice(node: str, machine: str) -> dict[str, Any]:
-    """The slice the NVIDIA GPU driver would publish on ``node`` (full GPUs named
-    ``gpu-<index>`` with uuid, index and the standard PCI attributes), as
-    tests/test_examples.py models them."""
-    gpus = []
-    for sl in cli_slices(machine, node):
-        for d in sl["spec"]["devices"]:
-            a = d["attributes"]
-            if a["type"] == {"string": "gpu"}:
-                keep = {k: a[k] for k in ("uuid", "index")}
-                keep |= {k: v for k, v in a.items() if k.startswith("resource.kubernetes.io/pci")}
-                gpus.append(
-                    {
-                        "name": f"gpu-{a['index']['int']}",
-                        "attributes": keep | {"type": {"string": "gpu"}},
-                    }
-                )
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceSlice",
-        "metadata": {"name": f"{node}-{VENDOR_DRIVER}"},
-        "spec": {
-            "driver": VENDOR_DRIVER,
-            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
-            "nodeName": node,
-            "devices": gpus,
-        },
-    }
-
-
 @pytest.fixture(scope="module")
 def drivers(cluster: Cluster) -> Iterator[dict[str, NodeDriver]]:
     objs = install(cluster)
@@ -99,7 +69,7 @@ def drivers(cluster: Cluster) -> Iterator[dict[str, NodeDriver]]:
             cluster.add_node(node, {"e2e.toposlice.dev/machine": machine})
         for node, machine in VENDOR_NODES.items():
             cluster.add_node(node, {"e2e.toposlice.dev/machine": machine})
-        vendor = [_vendor_slice(n, m) for n, m in VENDOR_NODES.items()]
+        vendor = [vendor_slice(cli_slices(m, n), n, VENDOR_DRIVER) for n, m in VENDOR_NODES.items()]
         cluster.apply([VENDOR_CLASSES[VENDOR_DRIVER], *vendor])
         for node, machine in MACHINES.items():
             started[node] = NodeDriver(cluster, node, machine).start()
@@ -353,14 +323,7 @@ def test_example_allocated_by_the_scheduler_and_prepared(
         for f in futures:
             f.result()
     # Every node's devices are free again before the next example.
-    poll(
-        lambda: (
-            not json.loads(cluster.kubectl("get", "resourceclaims", "-A", "-o", "json"))["items"]
-        ),
-        30,
-        0.2,
-        "claims deleted",
-    )
+    _wait_no_claims(cluster)
 
 
 # -- the scorer: behind a second real kube-scheduler, and its emitted claims ---------------

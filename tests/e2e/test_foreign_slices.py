@@ -17,6 +17,7 @@ import pytest
 
 from driver.observe import load_slice_files
 from tests.e2e.cluster import Cluster, free_ports, poll
+from tests.e2e.toposlice_setup import remove_node_and_slices
 from tests.exporter_view import FOREIGN_SLICE_FILES
 from tests.test_doctor import EXPECTED_VERTEX, NOT_FLAGGED, PLANTED, keys
 
@@ -49,13 +50,7 @@ def foreign(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Itera
         cluster.apply(slices)
         yield registry
     finally:
-        cluster.kubectl(
-            "delete",
-            "resourceslices",
-            f"--field-selector=spec.nodeName={NODE}",
-            "--ignore-not-found",
-        )
-        cluster.remove_node(NODE)
+        remove_node_and_slices(cluster, NODE)
 
 
 def _vertices(report: dict[str, Any]) -> dict[tuple[str, str], str | None]:

@@ -27,7 +27,7 @@ from normalize.node_feature import build_node_feature
 from normalize.nrt import build_nrt
 from tests.driver_support import snapshot
 from tests.e2e.cluster import Cluster, poll
-from tests.e2e.toposlice_setup import NAMESPACE, NodeDriver, chart_objects
+from tests.e2e.toposlice_setup import NAMESPACE, NodeDriver, chart_objects, remove_node_and_slices
 
 pytestmark = pytest.mark.e2e
 
@@ -230,13 +230,7 @@ def test_steady_state_writes_nothing_and_a_lost_gpu_writes_once_each(
         driver.cleanup()
         cluster.kubectl("delete", "noderesourcetopology", NODE, "--ignore-not-found")
         cluster.kubectl("-n", NAMESPACE, "delete", "nodefeature", nf_name, "--ignore-not-found")
-        cluster.kubectl(
-            "delete",
-            "resourceslices",
-            f"--field-selector=spec.nodeName={NODE}",
-            "--ignore-not-found",
-        )
-        cluster.remove_node(NODE)
+        remove_node_and_slices(cluster, NODE)
 
 
 def test_node_plugin_may_write_only_its_own_nodes_objects(

@@ -100,6 +100,17 @@ def published_slices(cluster: Cluster, node: str, driver: str = DRIVER) -> list[
     return sorted(items, key=lambda s: s["metadata"]["name"])
 
 
+def remove_node_and_slices(cluster: Cluster, node: str) -> None:
+    """Delete every driver's ResourceSlices on ``node``, then the Node (a test's cleanup)."""
+    cluster.kubectl(
+        "delete",
+        "resourceslices",
+        f"--field-selector=spec.nodeName={node}",
+        "--ignore-not-found",
+    )
+    cluster.remove_node(node)
+
+
 def cli_slices(machine: str, node: str, *extra: str) -> list[dict[str, Any]]:
     """What ``toposlice slices --fake MACHINE --node-name NODE`` prints."""
     argv = [sys.executable, "-m", "toposlice", "-q", "slices", "--fake", machine]
