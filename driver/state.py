@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
+from xml.sax.saxutils import quoteattr
 
 from discovery.model import Gpu, Inventory, Nic
 from normalize.snapshot import Snapshot
@@ -62,6 +63,8 @@ log = logging.getLogger(__name__)
 CHECKPOINT_FILE = "checkpoint.json"
 TOPO_DIR = "nccl"
 _LOCK_STRIPES = 64
+_TOPO_NAME_SLOT = "toposlice-claim-name"
+_TOPO_CACHE_MAX = 256
 _UID = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,126}[A-Za-z0-9])?$")
 
 
@@ -149,6 +152,10 @@ class DriverState:
         self.load_status: LoadStatus = status
         self._claims: dict[str, ClaimRecord] = claims
         self._lookup: tuple[Snapshot | None, dict[str, Any], dict[str, str]] = (None, {}, {})
+        self._topo_texts: tuple[Snapshot | None, dict[tuple[tuple[str, ...], ...], str]] = (
+            None,
+            {},
+        )
         self._reconcile()
 
     # -- public API -------------------------------------------------------------------
@@ -317,11 +324,8 @@ class DriverState:
             )
         topo_xml = None
         if claim_devices.gpus or claim_devices.nics:
-            topo_xml = build_topology(
-                snap.inventory,
-                [g for _, g in claim_devices.gpus],
-                [n for _, n in claim_devices.nics],
-                f"claim-{ref.uid}",
+            topo_xml = self._topology(
+                snap, [g for _, g in claim_devices.gpus], [n for _, n in claim_devices.nics], ref
             )
         topo_host = str(self.topo_path(ref.uid)) if topo_xml is not None else None
         common = claim_edits(ref.uid, claim_devices, topo_host)
@@ -332,6 +336,23 @@ class DriverState:
         except ValueError as exc:
             raise ClaimError(str(exc)) from None
         return _Plan(devices=tuple(prepared), spec=spec, topo_xml=topo_xml)
+
+    def _topology(self, snap: Snapshot, gpus: list[Gpu], nics: list[Nic], ref: ClaimRef) -> str:
+        """The claim's NCCL topology file: built once per snapshot and set of devices with a
+        placeholder name, which each claim's name then replaces (the rest of the text
+        depends only on the inventory and the devices)."""
+        cached, texts = self._topo_texts
+        if cached is not snap:
+            texts = {}
+            self._topo_texts = (snap, texts)
+        key = (tuple(g.bus_id for g in gpus), tuple(n.bus_id for n in nics))
+        text = texts.get(key)
+        if text is None:
+            text = build_topology(snap.inventory, gpus, nics, _TOPO_NAME_SLOT)
+            if len(texts) < _TOPO_CACHE_MAX:
+                texts[key] = text
+        slot = f"name={quoteattr(_TOPO_NAME_SLOT)}"
+        return text.replace(slot, f"name={quoteattr(f'claim-{ref.uid}')}", 1)
 
     def _node_exists(self, path: str) -> bool:
         return os.path.exists(self.dev_root / path.lstrip("/"))

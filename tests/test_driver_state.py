@@ -563,3 +563,22 @@ def test_only_the_checkpoint_is_fsynced_unless_state_can_outlive_a_reboot(
     # topology, spec, checkpoint, and their directories (the renames must survive too)
     assert len(synced) >= 4
     assert str(unknown_boot.state_dir) in synced and str(unknown_boot.cdi_root) in synced
+
+
+def test_topology_text_reused_across_claims_equals_a_fresh_build(
+    tmp_path: Path, reader: FakeClaims
+) -> None:
+    """The NCCL file of a claim whose devices an earlier claim had comes from the cached
+    text with its own name, byte for byte what a driver with no cache writes."""
+    devices = gpus(2) + nics(1)
+    a = reader.add(claim("u-a", devices))
+    b = reader.add(claim("u-b", devices))
+    warm = make_state(tmp_path / "warm", reader)
+    warm.prepare([ref(a)])
+    warm.unprepare([ref(a)])
+    assert not warm.prepare([ref(b)])["u-b"].error
+    cold = make_state(tmp_path / "cold", reader)
+    assert not cold.prepare([ref(b)])["u-b"].error
+    text = warm.topo_path("u-b").read_text()
+    assert text == cold.topo_path("u-b").read_text()
+    assert 'name="claim-u-b"' in text and "u-a" not in text
