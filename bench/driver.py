@@ -51,6 +51,7 @@ sys.path.insert(0, str(REPO))
 
 import grpc  # noqa: E402
 
+from bench.stats import pct  # noqa: E402
 from tests.kubeapi import write_kubeconfig  # noqa: E402
 from tests.kubelet import (  # noqa: E402
     NodeClient,
@@ -110,11 +111,6 @@ class ApiProcess:
     def stop(self) -> None:
         self.proc.send_signal(signal.SIGTERM)
         self.proc.wait(30)
-
-
-def pct(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
 
 
 def cpu_s(pid: int) -> float:

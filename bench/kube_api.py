@@ -51,6 +51,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench.stats import pct  # noqa: E402
 from tests.e2e.cluster import SKIP_REASON, Cluster, find_assets, poll  # noqa: E402
 from tests.e2e.toposlice_setup import (  # noqa: E402
     DRIVER,
@@ -93,11 +94,6 @@ class SourceDriver(NodeDriver):
         )
         argv[at : at + 2] = ["-c", boot]
         return argv
-
-
-def pct(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
 
 
 def measure_published(cluster: Cluster, starts: int) -> list[float]:
