@@ -140,11 +140,25 @@ def _env(name: str, default: str | None = None) -> str | None:
     return value if value not in (None, "") else default
 
 
+class NodeNameFromEnv(str):
+    """``--node-name``'s value when it came from ``$NODE_NAME``: an error about it names
+    the variable, not a flag nobody typed."""
+
+    flag = "$NODE_NAME"
+
+
+def node_name_default() -> str | None:
+    """The default of ``--node-name`` in ``run``, ``serve`` and ``doctor``: ``$NODE_NAME``
+    (a DaemonSet sets it from the downward API); unset or empty: none."""
+    value = _env("NODE_NAME")
+    return None if value is None else NodeNameFromEnv(value)
+
+
 def add_driver_args(p: argparse.ArgumentParser) -> None:
     """The daemon's own flags (the source and normalize flags come from the CLI)."""
     g = p.add_argument_group("driver")
     g.add_argument(
-        "--node-name", default=_env("NODE_NAME"), help="this Kubernetes node ($NODE_NAME)"
+        "--node-name", default=node_name_default(), help="this Kubernetes node ($NODE_NAME)"
     )
     g.add_argument(
         "--kubeconfig",
@@ -268,9 +282,11 @@ def _add_integration_args(p: argparse.ArgumentParser) -> None:
 
 
 def node_name_errors(name: str | None, flag: str = "--node-name") -> list[str]:
-    """A Node name is a DNS-1123 subdomain; it also names the pool and the slices."""
+    """A Node name is a DNS-1123 subdomain; it also names the pool and the slices. The
+    one rule and wording for every command; a name from ``$NODE_NAME`` is called that."""
     if not name:
         return [f"{flag} is required (or set NODE_NAME)"]
+    flag = getattr(name, "flag", flag)
     if not is_dns_subdomain(name):
         return [
             f"{flag} {name!r} is not a valid Kubernetes node name (lower-case letters, digits, "
@@ -340,7 +356,7 @@ def load_config(
     publish = parse_publish(args.publish)
     check_kubeconfig(args.kubeconfig)  # last: the other flags' errors are the likelier typo
     return DaemonConfig(
-        node_name=args.node_name,
+        node_name=str(args.node_name),
         driver_name=driver,
         kubeconfig=args.kubeconfig or None,
         registrar_dir=registrar_dir,

@@ -11,8 +11,10 @@ Start order (each step only once the one before worked):
 2. claim state (checkpoint, CDI specs), the DRA service socket, then the registration
    socket (so the kubelet never registers a plugin whose service is not up yet);
 3. the API server and the Node, retried for ``startup_timeout`` seconds; when that fails
-   the sockets are removed again and :class:`StartupError` says why in one line (the
-   command exits 1);
+   the sockets are removed again, and so is what this start made that holds nothing (the
+   checkpoint it wrote while no claim is recorded in it, then the directories it created
+   that are empty: never one that was there before), and :class:`StartupError` says why
+   in one line (the command exits 1);
 4. the publisher, health pump, rediscovery (timer + udev on a live host) and the HTTP server.
 
 After start, an unreachable API server is waited out by the publisher (backoff); claims
@@ -25,11 +27,14 @@ the published slices stay: a restarted driver carries on with them.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
+import os
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from discovery.model import Inventory
@@ -88,6 +93,27 @@ def _settle_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc
         pass
+
+
+def missing_dirs(paths: Iterable[str | Path]) -> list[Path]:
+    """The directories among ``paths`` and their ancestors that do not exist yet, deepest
+    first: what creating ``paths`` (``mkdir -p``) would make."""
+    out: set[Path] = set()
+    for p in paths:
+        d = Path(p).absolute()
+        while not os.path.lexists(d) and d != d.parent:
+            out.add(d)
+            d = d.parent
+    return sorted(out, key=lambda d: len(d.parts), reverse=True)
+
+
+def remove_empty_dirs(dirs: Iterable[Path]) -> None:
+    """``rmdir`` each of ``dirs`` in order (deepest first); one that is not empty stays."""
+    for d in dirs:
+        try:
+            d.rmdir()
+        except OSError:  # not empty, already gone, not a directory: leave it
+            pass
 
 
 class ClaimReaderWhenConnected:
@@ -154,6 +180,8 @@ class Daemon:
         self.metrics: Any = None
         self.debouncer: Debouncer | None = None
         self.udev: UdevWatcher | None = None
+        self._made_dirs: list[Path] = []
+        """Directories this start is about to create (see :meth:`_fail_start`)."""
         self.started_at = time.monotonic()
         self.last_discovery_error = ""
         self.nvml_gap = ""
@@ -230,7 +258,7 @@ class Daemon:
     def start(self) -> None:
         from .dra_server import start_dra_server
         from .registration import start_registration
-        from .state import DriverState
+        from .state import TOPO_DIR, DriverState
 
         cfg = self.cfg
         try:
@@ -241,6 +269,14 @@ class Daemon:
         # The kubelet side first: importing the kubernetes client takes longer than all
         # of this, and registration should not wait for it. Claims that arrive before the
         # API server is connected wait for it (see _ClaimReaderWhenConnected).
+        self._made_dirs = missing_dirs(
+            (
+                cfg.cdi_root,
+                os.path.join(cfg.state_dir, TOPO_DIR),
+                cfg.plugins_dir,
+                cfg.registrar_dir,
+            )
+        )
         try:
             self.state = DriverState(
                 cfg.driver_name,
@@ -258,7 +294,7 @@ class Daemon:
                 cfg.registrar_dir, cfg.driver_name, self.dra.endpoint, self.dra.supported_versions
             )
         except (OSError, ValueError) as exc:
-            self.stop()
+            self._fail_start()
             raise StartupError(f"cannot serve the kubelet: {exc}") from exc
         log.info(
             "serving %s on %s, registration at %s",
@@ -269,7 +305,7 @@ class Daemon:
         try:
             self.client = self._connect()
         except StartupError:
-            self.stop(grace=1.0)
+            self._fail_start(grace=1.0)
             raise
         self.claim_reader.connect(self.client)
         from .publisher import SlicePublisher  # after registration: not on the kubelet's path
@@ -301,13 +337,25 @@ class Daemon:
             self._start_http(cfg.http_addr)
         _settle_memory()
 
+    def _fail_start(self, grace: float = 5.0) -> None:
+        """Stop, then take back what this start left on the host that holds nothing: the
+        checkpoint it wrote (there was none) while no claim is recorded in it, then the
+        directories it created, deepest first, those still empty. A directory that was
+        there before, and a checkpoint with claims (prepared meanwhile), stay."""
+        self.stop(grace)
+        state = self.state
+        if state is not None and state.load_status == "missing" and not state.claims():
+            with contextlib.suppress(OSError):  # gone already, or not ours to remove
+                state.checkpoint_path.unlink()
+        remove_empty_dirs(self._made_dirs)
+
     def _start_http(self, addr: str) -> None:
         from .http_server import HttpServer
 
         try:
             self.http = HttpServer(addr, self, self.metrics, dot=self.dot).start()
         except OSError as exc:
-            self.stop()
+            self._fail_start()
             raise StartupError(f"--http-addr {addr}: {exc.strerror or exc}") from exc
         log.info("HTTP on %s", self.http.url)
 

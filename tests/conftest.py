@@ -47,6 +47,13 @@ def load_truth(case: str) -> dict[str, Any]:
     return data
 
 
+@pytest.fixture(autouse=True)
+def _no_node_name_from_the_shell(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``run``, ``serve`` and ``doctor`` default ``--node-name`` to ``$NODE_NAME``: the
+    suite runs the same whether or not the caller's shell (or pod) sets it."""
+    monkeypatch.delenv("NODE_NAME", raising=False)
+
+
 @pytest.fixture(scope="session")
 def hwloc_roots(tmp_path_factory: pytest.TempPathFactory) -> ExtractedCases:
     """case name -> extracted fsroot (the tarball's single top directory). Each case is

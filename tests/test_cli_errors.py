@@ -2,7 +2,8 @@
 person runs it): one line on stderr, no traceback, exit 2 for bad input or 1 for a runtime
 failure, and nothing created on the host (directories the command was pointed at stay
 absent). One row per case; ``{tmp}`` is the test's temporary directory, ``{busy}`` an
-address already in use, ``{host_dirs}`` the driver's directories under ``{host}``.
+address already in use, ``{host_dirs}`` the driver's directories under ``{host}``; leading
+``VAR=value`` words set environment variables, as in a shell.
 """
 
 from __future__ import annotations
@@ -45,10 +46,12 @@ FILES = {
 }
 
 #: The driver's host directories, pointed into {host} (a short temporary directory: socket
-#: paths have a length limit): a refused start must not create them.
+#: paths have a length limit): a refused start must not create them, and a start that
+#: fails later must remove those it created.
 HOST_DIRS = (
     "--kubelet-registrar-directory-path {host}/registry "
-    "--kubelet-plugins-directory-path {host}/plugins --cdi-root {host}/cdi"
+    "--kubelet-plugins-directory-path {host}/plugins/toposlice.dev --cdi-root {host}/cdi "
+    "--state-dir {host}/state"
 )
 
 
@@ -146,6 +149,21 @@ CASES: dict[str, Case] = {
         2,
         ("--node-name 'Bad_Name' is not a valid Kubernetes node name",),
     ),
+    "serve-invalid-node-name-env": Case(
+        "NODE_NAME=Bad_Name serve --fake cpu-2s --http-addr 127.0.0.1:0",
+        2,
+        ("$NODE_NAME 'Bad_Name' is not a valid Kubernetes node name",),
+    ),
+    "doctor-invalid-node-name-env": Case(
+        "NODE_NAME=Bad_Name doctor --fake cpu-2s --slices {tmp}/node-b.yaml",
+        2,
+        ("$NODE_NAME 'Bad_Name' is not a valid Kubernetes node name",),
+    ),
+    "run-invalid-node-name-env": Case(
+        "NODE_NAME=Bad_Name run --fake cpu-2s --kubeconfig {tmp}/kubeconfig.yaml {host_dirs}",
+        2,
+        ("$NODE_NAME 'Bad_Name' is not a valid Kubernetes node name",),
+    ),
     # Messages
     "inventory-not-json": Case(
         "discover --inventory {tmp}/notjson.txt",
@@ -187,6 +205,14 @@ CASES: dict[str, Case] = {
         "--http-addr {busy} {host_dirs}",
         1,
         ("--http-addr {busy}: cannot listen on {busy}: Address already in use",),
+    ),
+    "run-api-server-unreachable": Case(
+        # Started (sockets, checkpoint, directories), then found no API server: all undone.
+        # --log-level error: the daemon's own info lines go to stderr too.
+        "run --fake dgx-h100 --node-name n1 --kubeconfig {tmp}/kubeconfig.yaml "
+        "--startup-timeout 0 --log-level error {host_dirs}",
+        1,
+        ("API server https://127.0.0.1:1 unreachable",),
     ),
     "run-without-kubeconfig": Case(
         "run --fake cpu-2s --node-name n1 {host_dirs}",
@@ -233,13 +259,19 @@ def cli_env(tmp: Path) -> dict[str, str]:
 
 
 def toposlice(args: list[str], tmp: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """Run the CLI; leading ``VAR=value`` words of ``args`` go into its environment."""
+    env = cli_env(tmp)
+    while args and "=" in args[0] and args[0].split("=")[0].isupper():
+        var, _, value = args[0].partition("=")
+        env[var] = value
+        args = args[1:]
     return subprocess.run(
         [sys.executable, "-m", "toposlice", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
         cwd=tmp,
-        env=cli_env(tmp),
+        env=env,
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import os
 import tempfile
 import threading
 import time
@@ -13,6 +14,7 @@ from typing import Any
 import pytest
 
 from discovery.model import Inventory
+from driver.checkpoint import ClaimRecord, load_checkpoint, read_boot_id, save_checkpoint
 from driver.config import DaemonConfig
 from driver.daemon import Daemon, StartupError
 from driver.health import HealthEvent, xid_event
@@ -181,6 +183,27 @@ def test_missing_node_stops_cleanly(api: KubeAPIServer, base: Path, inventory: I
     assert not (base / "reg" / f"{DRIVER}-reg.sock").exists()
     assert not (base / "plug" / "dra.sock").exists()
     assert api.writes() == 0
+    # The directories and the (empty) checkpoint this start made are gone again.
+    assert sorted(os.listdir(base)) == ["kc"]
+
+
+def test_failed_start_keeps_what_was_there(
+    api: KubeAPIServer, base: Path, inventory: Inventory
+) -> None:
+    """Directories that existed before, and a checkpoint with claims, survive a failed
+    start; only what the start itself created (and is empty) goes."""
+    (base / "cdi").mkdir()
+    record = ClaimRecord(uid="u1", namespace="default", name="c", state="PrepareCompleted")
+    save_checkpoint(base / "state" / "checkpoint.json", read_boot_id(Path("/")), {"u1": record})
+    cfg = config(base, api.write_kubeconfig(base / "kc"), node_name="elsewhere")
+    daemon = Daemon(cfg, lambda: inventory)
+    with pytest.raises(StartupError, match="not found"):
+        daemon.start()
+    assert sorted(os.listdir(base)) == ["cdi", "kc", "state"]
+    assert os.listdir(base / "cdi") == []
+    assert os.listdir(base / "state") == ["checkpoint.json"]  # its nccl/ was this start's
+    claims, status = load_checkpoint(base / "state" / "checkpoint.json", read_boot_id(Path("/")))
+    assert (status, list(claims)) == ("ok", ["u1"])
 
 
 def test_bad_rediscovery_keeps_the_last_snapshot(

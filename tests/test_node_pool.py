@@ -67,10 +67,15 @@ def _get(url: str) -> bytes:
         return body
 
 
-def test_serve_publishes_node_pool_names_and_health(tmp_path: Path) -> None:
+@pytest.mark.parametrize("given", ["flag", "env"])
+def test_serve_publishes_node_pool_names_and_health(tmp_path: Path, given: str) -> None:
+    """The node name from --node-name, or from $NODE_NAME (as a DaemonSet sets it)."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
+    flag = ["--node-name", NODE] if given == "flag" else []
+    if given == "env":
+        env["NODE_NAME"] = NODE
     proc = subprocess.Popen(
-        [sys.executable, "-m", "toposlice", "serve", "--fake", "cpu-2s", "--node-name", NODE,
+        [sys.executable, "-m", "toposlice", "serve", "--fake", "cpu-2s", *flag,
          "--http-addr", "127.0.0.1:0", "--discover-in-process"],
         stderr=subprocess.PIPE,
         text=True,
@@ -107,3 +112,22 @@ def test_serve_publishes_node_pool_names_and_health(tmp_path: Path) -> None:
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def test_doctor_takes_node_name_from_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["slices", "--fake", "cpu-2s", "--node-name", NODE]) == 0
+    own = tmp_path / "own.yaml"
+    own.write_text(capsys.readouterr().out)
+    doctor = ["doctor", "--fake", "cpu-2s", "--slices", str(own), "-o", "json"]
+    assert main(doctor) == 2  # the host's name: another node's slices
+    assert "--node-name" in capsys.readouterr().err
+    monkeypatch.setenv("NODE_NAME", NODE)
+    assert main(doctor) == 0
+    assert json.loads(capsys.readouterr().out)["node"] == NODE
+    monkeypatch.setenv("NODE_NAME", "Bad_Name")  # the flag wins; the variable is not read
+    assert main([*doctor, "--node-name", NODE]) == 0
+    assert json.loads(capsys.readouterr().out)["node"] == NODE
+    monkeypatch.setenv("NODE_NAME", "")  # empty: unset, as for run
+    assert main(doctor) == 2

@@ -79,27 +79,36 @@ def add_normalize_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def add_node_name_arg(p: argparse.ArgumentParser) -> None:
+def add_node_name_arg(p: argparse.ArgumentParser, env: bool = False) -> None:
+    """``--node-name``; with ``env`` (``serve``, ``doctor``: commands a DaemonSet runs) its
+    default is ``$NODE_NAME`` as in ``run``, then the host name."""
+    default = None
+    if env:
+        from driver.config import node_name_default
+
+        default = node_name_default()
     p.add_argument(
         "--node-name",
-        help="Kubernetes node name, also the pool's name (default: the host name, lower-cased)",
+        default=default,
+        help="Kubernetes node name, also the pool's name (default: "
+        + ("$NODE_NAME, else " if env else "")
+        + "the host name, lower-cased)",
     )
 
 
 def check_node_name(args: argparse.Namespace) -> None:
-    """Refuse a ``--node-name`` the API server would refuse (an empty one included)."""
+    """Refuse a ``--node-name`` (or ``$NODE_NAME``) the API server would refuse, an empty
+    one included: the rule and wording of ``run`` (``driver.config.node_name_errors``)."""
     name = getattr(args, "node_name", None)
     if name is None:
         return
-    from normalize.validation import is_dns_subdomain
+    from driver.config import node_name_errors
 
     if not name:
         raise ValueError("--node-name '': give a node name, or leave the flag out")
-    if not is_dns_subdomain(name):
-        raise ValueError(
-            f"--node-name {name!r} is not a valid Kubernetes node name (lower-case letters, "
-            "digits, '-' and '.', starting and ending with a letter or digit)"
-        )
+    errs = node_name_errors(name)
+    if errs:
+        raise ValueError(errs[0])
 
 
 def node_name_of(args: argparse.Namespace, inv: Inventory) -> str:
