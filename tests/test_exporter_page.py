@@ -83,6 +83,14 @@ class DevTools:
         res = self.call("Runtime.evaluate", expression=expression, returnByValue=True)
         return res["result"].get("value")
 
+    def open(self, url: str, timeout: float = 30.0) -> None:
+        """Navigate to ``url`` and wait until the document has loaded."""
+        self.call("Page.enable")
+        self.call("Page.navigate", url=url)
+        deadline = time.monotonic() + timeout
+        while self.js("document.readyState") != "complete" and time.monotonic() < deadline:
+            time.sleep(0.1)
+
 
 @pytest.fixture
 def browser(tmp_path: Path) -> Iterator[DevTools]:
@@ -134,11 +142,7 @@ def browser(tmp_path: Path) -> Iterator[DevTools]:
 
 
 def test_page_in_headless_chromium(server: HttpServer, browser: DevTools, tmp_path: Path) -> None:
-    browser.call("Page.enable")
-    browser.call("Page.navigate", url=server.url + "/")
-    deadline = time.monotonic() + 30
-    while browser.js("document.readyState") != "complete" and time.monotonic() < deadline:
-        time.sleep(0.1)
+    browser.open(server.url + "/")
     count = "document.querySelectorAll('svg#topology [data-kind=\"{}\"]').length"
     assert browser.js(count.format("gpu")) == 8
     assert browser.js(count.format("nic")) == 12

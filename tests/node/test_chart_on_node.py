@@ -399,11 +399,7 @@ def test_page_renders_with_a_running_claim(
     pod, _ = start_example(node, example)
     try:
         want = satisfiable_examples()[example]
-        browser.call("Page.enable")
-        browser.call("Page.navigate", url=plugin_url(node) + "/")
-        deadline = time.monotonic() + 30
-        while browser.js("document.readyState") != "complete" and time.monotonic() < deadline:
-            time.sleep(0.1)
+        browser.open(plugin_url(node) + "/")
         count = "document.querySelectorAll('svg#topology [data-kind=\"{}\"]').length"
         assert browser.js(count.format("gpu")) == 8
         assert browser.js(count.format("nic")) == 12
