@@ -81,6 +81,24 @@ NOT_FLAGGED = {
     ("dra.cpu", "cpudevnuma001", "cpu-pcieRoot-wider-than-pinned"),
 }
 
+#: What the observe report of the planted slices says of their devices and drivers
+#: (``/v1/normalization`` of ``serve --observe``): 23 devices, all matched but the VF
+#: of the SR-IOV driver that is not on this node.
+OBSERVED_SUMMARY = {"devices": 23, "matched": 22}
+OBSERVED_ON_NODE = {
+    "dra.cpu": True,
+    "dra.net": True,
+    "gpu.nvidia.com": True,
+    "sriovnetwork.example.com": False,
+}
+
+
+def assert_observed_planted(norm: dict) -> None:
+    """The observe report of the planted slices counts and places them as they are."""
+    summary = {k: norm["summary"][k] for k in OBSERVED_SUMMARY}
+    assert summary == OBSERVED_SUMMARY
+    assert {d["driver"]: d["on_node"] for d in norm["drivers"]} == OBSERVED_ON_NODE
+
 
 def keys(report: dict) -> set[tuple]:
     return {

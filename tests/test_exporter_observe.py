@@ -26,6 +26,7 @@ from tests.exporter_view import (
     wait_for,
 )
 from tests.kubeapi import KubeAPIServer
+from tests.test_doctor import assert_observed_planted
 
 REPO = Path(__file__).resolve().parent.parent
 FILES = FOREIGN_SLICE_FILES
@@ -61,13 +62,7 @@ def test_observer_feeds_the_server(api: KubeAPIServer, registry: Path, tmp_path:
         report = observer.observe_once()
         assert report is not None and observer.reads == 1
         norm = json.loads(request(srv.url, "/v1/normalization").body)
-        assert norm["summary"]["devices"] == 23 and norm["summary"]["matched"] == 22
-        assert {d["driver"]: d["on_node"] for d in norm["drivers"]} == {
-            "dra.cpu": True,
-            "dra.net": True,
-            "gpu.nvidia.com": True,
-            "sriovnetwork.example.com": False,
-        }
+        assert_observed_planted(norm)
         topo = request(srv.url, "/v1/topology")
         assert topo.headers["etag"] != before
         doc = json.loads(topo.body)
