@@ -148,7 +148,7 @@ class NodeNameFromEnv(str):
 
 
 def node_name_default() -> str | None:
-    """The default of ``--node-name`` in ``run``, ``serve`` and ``doctor``: ``$NODE_NAME``
+    """The default of ``--node-name`` in every command that names a node: ``$NODE_NAME``
     (a DaemonSet sets it from the downward API); unset or empty: none."""
     value = _env("NODE_NAME")
     return None if value is None else NodeNameFromEnv(value)

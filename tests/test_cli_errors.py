@@ -159,6 +159,16 @@ CASES: dict[str, Case] = {
         2,
         ("$NODE_NAME 'Bad_Name' is not a valid Kubernetes node name",),
     ),
+    "slices-invalid-node-name-env": Case(
+        "NODE_NAME=Bad_Name slices --fake cpu-2s",
+        2,
+        ("$NODE_NAME 'Bad_Name' is not a valid Kubernetes node name",),
+    ),
+    "graph-invalid-node-name-env": Case(
+        "NODE_NAME=Bad_Name graph --fake cpu-2s",
+        2,
+        ("$NODE_NAME 'Bad_Name' is not a valid Kubernetes node name",),
+    ),
     "run-invalid-node-name-env": Case(
         "NODE_NAME=Bad_Name run --fake cpu-2s --kubeconfig {tmp}/kubeconfig.yaml {host_dirs}",
         2,

@@ -61,6 +61,23 @@ def test_graph_command_follows_node_name(capsys: pytest.CaptureFixture[str]) -> 
     assert (graph["node"], graph["dra"]["pool"]) == ("cpu-2s", "cpu-2s")
 
 
+def test_slices_and_graph_take_node_name_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """In the plugin's pod (NODE_NAME from the downward API), `slices` prints what `run`
+    publishes there, and `graph` names the same node and pool; the flag still wins."""
+    monkeypatch.setenv("NODE_NAME", NODE)
+    assert main(["slices", "--fake", "cpu-2s"]) == 0
+    slices = list(yaml.safe_load_all(capsys.readouterr().out))
+    assert {s["spec"]["pool"]["name"] for s in slices} == {NODE}
+    assert {s["spec"]["nodeName"] for s in slices} == {NODE}
+    assert main(["graph", "--fake", "cpu-2s", "-o", "json"]) == 0
+    graph = json.loads(capsys.readouterr().out)
+    assert (graph["node"], graph["dra"]["pool"]) == (NODE, NODE)
+    assert main(["graph", "--fake", "cpu-2s", "--node-name", "node-b", "-o", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["node"] == "node-b"
+
+
 def _get(url: str) -> bytes:
     with urllib.request.urlopen(url, timeout=10) as resp:
         body: bytes = resp.read()

@@ -80,8 +80,8 @@ def add_normalize_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_node_name_arg(p: argparse.ArgumentParser, env: bool = False) -> None:
-    """``--node-name``; with ``env`` (``serve``, ``doctor``: commands a DaemonSet runs) its
-    default is ``$NODE_NAME`` as in ``run``, then the host name."""
+    """``--node-name``; with ``env`` its default is ``$NODE_NAME`` as in ``run``, then the
+    host name, so ``slices`` in the plugin's pod prints what ``run`` publishes there."""
     default = None
     if env:
         from driver.config import node_name_default
