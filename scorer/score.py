@@ -41,6 +41,10 @@ COUNT_SHARE = 0.2
 #: Least NIC-locality weight of a request that asks for GPUDirect NICs: asking for them
 #: means the job drives them, whatever its in-node pattern.
 NIC_FLOOR = 0.45
+#: Weight of the ``fragmentation`` part: what a set takes from the node's future blocks.
+#: 0.01-0.25 give the mixed-cluster bench the same figures within 0.015x busbw
+#: (bench/scorer_levers.py); at 0 the scorer breaks whole boards and loses long 8-GPU jobs.
+FRAGMENTATION_WEIGHT = 0.25
 #: Above this many subsets, a node's best block is estimated greedily.
 ENUM_LIMIT = 3000
 
@@ -74,7 +78,7 @@ def weights(req: Request) -> dict[str, float]:
         "nic_locality": max(nic, NIC_FLOOR) if req.nics_per_gpu > 0 else 0.0,
         "cpu_locality": cpu,
         "contention": contention,
-        "fragmentation": 0.25,
+        "fragmentation": FRAGMENTATION_WEIGHT,
     }
 
 
