@@ -654,17 +654,17 @@ def mean_over_draws(
     for k in runs[0]:
         vals = [r[k] for r in runs]
         out[k] = max(vals) if k == "p99_decision_ms" else round(sum(vals) / len(vals), 4)
-    for k in WITH_SE:
+    for k in WITH_SE if len(runs) > 1 else ():
         vals = [r[k] for r in runs]
-        se = statistics.stdev(vals) / math.sqrt(len(vals)) if len(vals) > 1 else math.inf
-        out[f"{k}_se"] = round(se, 3)
+        out[f"{k}_se"] = round(statistics.stdev(vals) / math.sqrt(len(vals)), 3)
     out["gpu_hours_range"] = [min(r["gpu_hours"] for r in runs), max(r["gpu_hours"] for r in runs)]
     out["draws"] = draws
     return out
 
 
 def _noise(a: dict[str, Any], b: dict[str, Any], key: str) -> float:
-    """Two standard errors of ``a[key] - b[key]`` (0 for a deterministic policy)."""
+    """Two standard errors of ``a[key] - b[key]`` (0 for a deterministic policy or a single
+    draw, which has none)."""
     se = math.hypot(a.get(f"{key}_se", 0.0), b.get(f"{key}_se", 0.0))
     return 2.0 * se
 

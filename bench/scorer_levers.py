@@ -132,8 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         "careful user: "
         + ", ".join(
-            f"seed {s} {c['mean_busbw_gbps']:.1f} GB/s ± {c['mean_busbw_gbps_se']:.1f}, "
-            f"{c['gpu_hours']:.1f} GPU-hours ± {c['gpu_hours_se']:.1f}"
+            f"seed {s} {c['mean_busbw_gbps']:.1f} GB/s ± {c.get('mean_busbw_gbps_se', 0):.1f}, "
+            f"{c['gpu_hours']:.1f} GPU-hours ± {c.get('gpu_hours_se', 0):.1f}"
             for s, c in careful.items()
         ),
         file=sys.stderr,
@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{label:38s} {cells}  met: {','.join(met) or '-'}", file=sys.stderr)
         out_rows.append({"lever": label, "seeds": per_seed, "met": met})
     baseline = {
-        str(s): {k: c[k] for k in ("mean_busbw_gbps", "mean_busbw_gbps_se", "gpu_hours")}
+        str(s): {k: c.get(k) for k in ("mean_busbw_gbps", "mean_busbw_gbps_se", "gpu_hours")}
         for s, c in careful.items()
     }
     print(json.dumps({"baseline": baseline, "rows": out_rows}))
