@@ -183,6 +183,8 @@ class Daemon:
         self._made_dirs: list[Path] = []
         """Directories this start is about to create (see :meth:`_fail_start`)."""
         self.started_at = time.monotonic()
+        self._started = False
+        self._stopped = False
         self.last_discovery_error = ""
         self.nvml_gap = ""
         """Why NVIDIA GPUs are published without NVML (driver/nvml_gap.py); empty if not."""
@@ -296,18 +298,20 @@ class Daemon:
         except (OSError, ValueError) as exc:
             self._fail_start()
             raise StartupError(f"cannot serve the kubelet: {exc}") from exc
-        log.info(
-            "serving %s on %s, registration at %s",
-            cfg.driver_name,
-            self.dra.endpoint,
-            cfg.registrar_dir,
-        )
         try:
             self.client = self._connect()
         except StartupError:
             self._fail_start(grace=1.0)
             raise
         self.claim_reader.connect(self.client)
+        # Said once the start can no longer fail for want of the API server: a start that
+        # fails prints its one error line, not a "serving" line it then takes back.
+        log.info(
+            "serving %s on %s, registration at %s",
+            cfg.driver_name,
+            self.dra.endpoint,
+            cfg.registrar_dir,
+        )
         from .publisher import SlicePublisher  # after registration: not on the kubelet's path
 
         self.publisher = SlicePublisher(
@@ -335,6 +339,7 @@ class Daemon:
         self._start_hotplug()
         if cfg.http_addr:
             self._start_http(cfg.http_addr)
+        self._started = True
         _settle_memory()
 
     def _fail_start(self, grace: float = 5.0) -> None:
@@ -532,8 +537,12 @@ class Daemon:
         return self._stop.wait(timeout)
 
     def stop(self, grace: float = 5.0) -> None:
-        """Deregister, finish in-flight calls, remove our sockets; keep checkpoint and slices."""
+        """Deregister, finish in-flight calls, remove our sockets; keep checkpoint and slices.
+        Once: a failed start stops the daemon, and its caller may stop it again."""
         self._stop.set()
+        if self._stopped:
+            return
+        self._stopped = True
         if self.registrar is not None:
             self.registrar.stop()
         if self.dra is not None:
@@ -550,4 +559,5 @@ class Daemon:
             self.http.stop()
         for t in self._threads:
             t.join(2)
-        log.info("stopped")
+        if self._started:  # a failed start says so in its error, not in a "stopped" line
+            log.info("stopped")

@@ -101,7 +101,24 @@ def failure(exc: BaseException) -> ApiFailure:
                 retry_after = None
         message = _status_message(exc.body) or str(exc.reason or "")
         return ApiFailure(exc.status, retry_after, f"HTTP {exc.status}: {message}")
-    return ApiFailure(None, None, f"{type(exc).__name__}: {exc}")
+    return ApiFailure(None, None, no_answer_reason(exc))
+
+
+def no_answer_reason(exc: BaseException) -> str:
+    """Why no answer came, in the words of the innermost cause ("Connection refused", "Name
+    or service not known", the TLS verification error) rather than urllib3's wrappers, whose
+    text repeats the pool, the URL and the retry count in one 300-character line."""
+    seen: set[int] = set()
+    root: BaseException = exc
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        root = cur
+        reason = getattr(cur, "reason", None)  # urllib3's MaxRetryError and friends
+        cur = reason if isinstance(reason, BaseException) else (cur.__cause__ or cur.__context__)
+    if isinstance(root, OSError) and root.strerror:
+        return str(root.strerror)
+    return f"{type(root).__name__}: {root}"
 
 
 def _status_message(body: Any) -> str:

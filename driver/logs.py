@@ -23,8 +23,18 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, separators=(",", ":"))
 
 
+class _NoUrllib3Retries(logging.Filter):
+    """urllib3 warns before its one quick reconnect ("Retrying (Retry(total=0, ...)) after
+    connection broken by ..."); our own loops log each failed request with its backoff, so
+    that line only doubled every outage message."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.name.startswith("urllib3.") and str(record.msg).startswith("Retrying ("))
+
+
 def setup_logging(fmt: str = "text", level: str = "info") -> None:
     handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(_NoUrllib3Retries())
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
     else:

@@ -217,12 +217,13 @@ CASES: dict[str, Case] = {
         ("--http-addr {busy}: cannot listen on {busy}: Address already in use",),
     ),
     "run-api-server-unreachable": Case(
-        # Started (sockets, checkpoint, directories), then found no API server: all undone.
-        # --log-level error: the daemon's own info lines go to stderr too.
+        # Started (sockets, checkpoint, directories), then found no API server: all undone,
+        # and the one line says so at the default log level (no "serving" line taken back,
+        # no "stopped", no urllib3 retry line; the cause in the socket's own words).
         "run --fake dgx-h100 --node-name n1 --kubeconfig {tmp}/kubeconfig.yaml "
-        "--startup-timeout 0 --log-level error {host_dirs}",
+        "--startup-timeout 0 {host_dirs}",
         1,
-        ("API server https://127.0.0.1:1 unreachable",),
+        ("API server https://127.0.0.1:1 unreachable: Connection refused",),
     ),
     "run-without-kubeconfig": Case(
         "run --fake cpu-2s --node-name n1 {host_dirs}",
