@@ -71,14 +71,14 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     if wanted("slices"):
         add_source_args(p)
         add_normalize_args(p)
-        add_node_name_arg(p, env=True)
+        add_node_name_arg(p)
         p.add_argument("-o", "--output", choices=["yaml", "json"], default="yaml")
 
     p = add_parser("graph", "print the node's topology graph")
     if wanted("graph"):
         add_source_args(p)
         add_normalize_args(p)
-        add_node_name_arg(p, env=True)
+        add_node_name_arg(p)
         p.add_argument("-o", "--output", choices=["table", "json", "yaml", "dot"], default="table")
 
     for name, (module, help_text) in MODULE_COMMANDS.items():

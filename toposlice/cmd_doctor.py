@@ -21,7 +21,7 @@ from toposlice.sources import (
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_source_args(p)
     add_normalize_args(p)
-    add_node_name_arg(p, env=True)
+    add_node_name_arg(p)
     p.add_argument("--kubeconfig", help="read the node's ResourceSlices from this cluster")
     p.add_argument(
         "--slices",

@@ -33,7 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--http-addr", default=":8080", help="HOST:PORT to serve on (default %(default)s)"
     )
-    add_node_name_arg(p, env=True)
+    add_node_name_arg(p)
     p.add_argument(
         "--rediscover-interval",
         type=float,

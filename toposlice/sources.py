@@ -79,20 +79,16 @@ def add_normalize_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def add_node_name_arg(p: argparse.ArgumentParser, env: bool = False) -> None:
-    """``--node-name``; with ``env`` its default is ``$NODE_NAME`` as in ``run``, then the
-    host name, so ``slices`` in the plugin's pod prints what ``run`` publishes there."""
-    default = None
-    if env:
-        from driver.config import node_name_default
+def add_node_name_arg(p: argparse.ArgumentParser) -> None:
+    """``--node-name``, defaulting to ``$NODE_NAME`` as in ``run``, then the host name, so
+    ``slices`` in the plugin's pod prints what ``run`` publishes there."""
+    from driver.config import node_name_default
 
-        default = node_name_default()
     p.add_argument(
         "--node-name",
-        default=default,
-        help="Kubernetes node name, also the pool's name (default: "
-        + ("$NODE_NAME, else " if env else "")
-        + "the host name, lower-cased)",
+        default=node_name_default(),
+        help="Kubernetes node name, also the pool's name "
+        "(default: $NODE_NAME, else the host name, lower-cased)",
     )
 
 
