@@ -146,7 +146,6 @@ def main(argv: list[str] | None = None) -> int:
             for s, jobs in streams.items():
                 runtimes.clear()
                 runtimes.update({j.req.name or "": j.duration for j in jobs})
-                _clear_caches()
                 r = run_mixed("scorer", nodes, jobs, s)
                 c = careful[s]
                 per_seed[str(s)] = {

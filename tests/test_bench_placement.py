@@ -57,7 +57,6 @@ def test_levers_script_restores_the_scorer_constants() -> None:
     for r in rows.values():
         assert set(r["seeds"]) == {"2"} and r["seeds"]["2"]["busbw_x"] > 0
     # In-process: the context manager puts every constant back, caches cleared.
-    sys.path.insert(0, str(REPO))
     from bench.scorer_levers import patched
 
     before = (search_mod.WHOLE_NODE, score_mod.FRAGMENTATION_WEIGHT, score_mod.NIC_FLOOR)
