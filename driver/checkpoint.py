@@ -44,9 +44,12 @@ class PreparedDevice:
     share_id: str | None = None
     admin_access: bool = False
     """Admin access and shares may overlap other claims on one device."""
+    vendor_cdi_ids: tuple[str, ...] = ()
+    """Which of ``cdi_ids`` are the GPU vendor's (driver/vendor_cdi.py): written only when
+    there are some, so records without them read and write as before."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "request_names": list(self.request_names),
             "pool": self.pool,
             "device": self.device,
@@ -54,6 +57,9 @@ class PreparedDevice:
             "share_id": self.share_id,
             "admin_access": self.admin_access,
         }
+        if self.vendor_cdi_ids:
+            out["vendor_cdi_ids"] = list(self.vendor_cdi_ids)
+        return out
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> PreparedDevice:
@@ -64,6 +70,7 @@ class PreparedDevice:
             cdi_ids=tuple(d.get("cdi_ids", ())),
             share_id=d.get("share_id"),
             admin_access=bool(d.get("admin_access", False)),
+            vendor_cdi_ids=tuple(str(x) for x in d.get("vendor_cdi_ids", ())),
         )
 
 

@@ -57,6 +57,7 @@ from .container_edits import (
 )
 from .interfaces import ClaimNotFound, ClaimReader
 from .nccl_topo import build_topology
+from .vendor_cdi import VendorCdi
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +119,7 @@ class DriverState:
         fail_point: FailPoint = _no_fail,
         sync: bool | None = None,
         sync_checkpoint: bool = True,
+        vendor_cdi: VendorCdi | None = None,
     ) -> None:
         self.driver = driver_name
         self.pool = node_name
@@ -142,6 +144,8 @@ class DriverState:
         killed process the atomic rename alone is enough. Without a boot id the state
         may outlive a reboot, so then every write is made durable."""
         self.sync_checkpoint = sync_checkpoint
+        self.vendor_cdi = vendor_cdi
+        """The GPU vendor's CDI devices put first in each GPU's ids (driver/vendor_cdi.py)."""
         self._lock = threading.Lock()
         """Guards ``_claims`` and ``_version`` (held briefly, never across I/O)."""
         self._flush_lock = threading.Lock()
@@ -226,9 +230,9 @@ class DriverState:
         with self._claim_lock(ref.uid):
             rec = self._claims.get(ref.uid)
             if rec is not None and rec.state == "PrepareCompleted":
-                if all(Path(f).exists() for f in rec.files):
+                if all(Path(f).exists() for f in rec.files) and self._vendor_ids_resolve(rec):
                     return rec.devices
-                log.warning("claim %s: files missing, preparing again", _label(ref))
+                log.warning("claim %s: files or vendor CDI ids gone, preparing again", _label(ref))
             try:
                 plan = self._plan(ref)
                 files = []
@@ -329,6 +333,10 @@ class DriverState:
             )
         topo_host = str(self.topo_path(ref.uid)) if topo_xml is not None else None
         common = claim_edits(ref.uid, claim_devices, topo_host)
+        if self.vendor_cdi is not None and claim_devices.gpus:
+            prepared = self.vendor_cdi.attach(
+                snap.inventory, claim_devices.gpus, ref.uid, edits, common, prepared
+            )
         omitted = drop_missing_nodes(edits, self._node_exists)
         notes = {OMITTED_NODES_ANNOTATION: ",".join(omitted)} if omitted else None
         try:
@@ -353,6 +361,14 @@ class DriverState:
                 texts[key] = text
         slot = f"name={quoteattr(_TOPO_NAME_SLOT)}"
         return text.replace(slot, f"name={quoteattr(f'claim-{ref.uid}')}", 1)
+
+    def _vendor_ids_resolve(self, rec: ClaimRecord) -> bool:
+        """A recorded vendor id the runtime can no longer resolve (its spec regenerated
+        without it) would fail every container start: then the claim is prepared again."""
+        ids = [i for d in rec.devices for i in d.vendor_cdi_ids]
+        if not ids or self.vendor_cdi is None:
+            return True
+        return all(self.vendor_cdi.resolves(i) for i in ids)
 
     def _node_exists(self, path: str) -> bool:
         return os.path.exists(self.dev_root / path.lstrip("/"))

@@ -10,6 +10,7 @@ from typing import Any
 
 from driver.interfaces import ClaimNotFound, DeviceHealth
 from driver.state import DriverState, FailPoint
+from driver.vendor_cdi import VendorCdi
 from normalize.snapshot import Snapshot, build_snapshot
 from toposlice.sources import add_source_args, load_inventory
 
@@ -125,6 +126,7 @@ def make_state(
     boot_id: str | None = "boot-1",
     fail_point: FailPoint | None = None,
     dev_nodes: bool = True,
+    vendor_cdi: VendorCdi | None = None,
 ) -> DriverState:
     """DriverState with cdi/, state/ and a fake root (boot id file) under ``tmp``; with
     ``dev_nodes``, the root has a file for every device node of the machine's GPUs and
@@ -138,7 +140,9 @@ def make_state(
         for path in device_node_paths(snap):
             (root / path.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
             (root / path.lstrip("/")).touch()
-    kwargs = {} if fail_point is None else {"fail_point": fail_point}
+    kwargs: dict[str, Any] = {} if fail_point is None else {"fail_point": fail_point}
+    if vendor_cdi is not None:
+        kwargs["vendor_cdi"] = vendor_cdi
     return DriverState(
         DRIVER, NODE, tmp / "cdi", tmp / "state", root, reader, lambda: snap, **kwargs
     )
