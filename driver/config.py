@@ -64,6 +64,9 @@ class DaemonConfig:
     node_feature: bool = False
     """Keep the node's NFD NodeFeature (``--node-feature``)."""
     node_feature_namespace: str | None = None
+    cdi_spec_dirs: tuple[str, ...] = ()
+    """Where the vendor's CDI specs are looked for (``--cdi-spec-dirs`` + ``--cdi-root``);
+    empty: the defaults and ``cdi_root``."""
 
 
 def parse_http_addr(addr: str, flag: str = "--http-addr") -> tuple[str, int]:
@@ -187,6 +190,14 @@ def add_driver_args(p: argparse.ArgumentParser) -> None:
         default=_env("CDI_ROOT", DEFAULT_CDI_ROOT),
         metavar="DIR",
         help="where CDI specs are written (default %(default)s)",
+    )
+    g.add_argument(
+        "--cdi-spec-dirs",
+        default=_env("CDI_SPEC_DIRS"),
+        metavar="DIRS",
+        help="comma-separated CDI spec directories the container runtime reads, lowest "
+        "priority first, searched for the GPU vendor's devices (nvidia.com/gpu, "
+        "amd.com/gpu); the --cdi-root is always added (default /etc/cdi,/var/run/cdi)",
     )
     g.add_argument(
         "--state-dir",
@@ -354,6 +365,7 @@ def load_config(
     if http_addr is not None:
         parse_http_addr(http_addr)
     publish = parse_publish(args.publish)
+    spec_dirs = parse_cdi_spec_dirs(getattr(args, "cdi_spec_dirs", None), args.cdi_root)
     check_kubeconfig(args.kubeconfig)  # last: the other flags' errors are the likelier typo
     return DaemonConfig(
         node_name=str(args.node_name),
@@ -374,7 +386,16 @@ def load_config(
         log_format=args.log_format,
         log_level=args.log_level,
         **_integration_config(args),
+        cdi_spec_dirs=spec_dirs,
     )
+
+
+def parse_cdi_spec_dirs(text: str | None, cdi_root: str) -> tuple[str, ...]:
+    """``--cdi-spec-dirs`` (None: the defaults) with ``--cdi-root`` added, absolute."""
+    from .vendor_cdi import spec_dirs
+
+    given = None if text is None else [d.strip() for d in text.split(",") if d.strip()]
+    return spec_dirs(given, cdi_root)
 
 
 class _Integrations(TypedDict):

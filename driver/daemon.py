@@ -54,6 +54,7 @@ if TYPE_CHECKING:
     from .registration import Registrar
     from .state import DriverState
     from .topology_objects import TopologyObjectWriter
+    from .vendor_cdi import VendorCdi
 
 log = logging.getLogger("toposlice.daemon")
 
@@ -188,6 +189,8 @@ class Daemon:
         self.last_discovery_error = ""
         self.nvml_gap = ""
         """Why NVIDIA GPUs are published without NVML (driver/nvml_gap.py); empty if not."""
+        self.vendor_cdi_gap = ""
+        """Why GPUs get no vendor CDI device (driver/vendor_cdi.py); empty if not."""
 
     # -- ExporterView --------------------------------------------------------------------
 
@@ -218,9 +221,13 @@ class Daemon:
                 "slice_writes": dict(pub.writes) if pub is not None else {},
                 **{f"{w.kind.plural}_writes": dict(w.writes) for w in self.topology_writers},
                 "uptime_s": round(time.monotonic() - self.started_at, 1),
-                **({"degraded": self.nvml_gap} if self.nvml_gap else {}),
+                **self._degraded(),
             },
         )
+
+    def _degraded(self) -> dict[str, str]:
+        gaps = [g for g in (self.nvml_gap, self.vendor_cdi_gap) if g]
+        return {"degraded": "; ".join(gaps)} if gaps else {}
 
     def allocated(self) -> Mapping[str, str]:
         return self.state.prepared_devices() if self.state is not None else {}
@@ -288,6 +295,7 @@ class Daemon:
                 cfg.root,
                 self.claim_reader,
                 self.snapshot,
+                vendor_cdi=self._vendor_cdi(),
             )
             self.dra = start_dra_server(
                 cfg.plugins_dir, self.state, self.health_monitor, snapshot_fn=self.snapshot
@@ -328,6 +336,7 @@ class Daemon:
             self.publisher.on_write = lambda op, err, ok: metrics.slice_write(op, err, ok=ok)
         self._publish_desired()
         self._check_nvml(self._snap.inventory)
+        self._check_vendor_cdi(self._snap.inventory)
         self.publisher.start()
         self._start_topology_objects()
         self._spawn(self._health_pump, "health-pump")
@@ -449,6 +458,7 @@ class Daemon:
         self._snap = snap
         self.health_monitor.update_snapshot(snap)
         self._check_nvml(snap.inventory)
+        self._check_vendor_cdi(snap.inventory)
         changed = old is None or list(old.devices) != list(snap.devices)
         self._publish_desired()
         self._set_topology_objects(snap)
@@ -460,7 +470,7 @@ class Daemon:
     def _check_nvml(self, inv: Inventory) -> None:
         """NVIDIA GPUs without NVML: metric, log, readiness detail and a Node Event, once
         per distinct reason (driver/nvml_gap.py)."""
-        from .nvml_gap import missing_gpus, nvml_gap, post_node_event
+        from .nvml_gap import REASON, missing_gpus, nvml_gap
 
         if self.metrics is not None:
             self.metrics.nvml_missing_gpus.set(missing_gpus(inv))
@@ -472,19 +482,56 @@ class Daemon:
             log.info("NVML answers again")
             return
         log.warning("%s", gap)
+        self._post_node_event(gap, REASON)
+
+    def _vendor_cdi(self) -> VendorCdi:
+        from . import cdi
+        from .vendor_cdi import VendorCdi, spec_dirs
+
+        cfg = self.cfg
+        # toposlice's own spec files (one per claim) hold no vendor device: not read.
+        own = (f"{cdi.vendor_for(cfg.driver_name)}-", f"{cfg.driver_name}-")
+        dirs = cfg.cdi_spec_dirs or spec_dirs(None, cfg.cdi_root)
+        return VendorCdi(dirs, cfg.root, own_prefixes=own)
+
+    def _check_vendor_cdi(self, inv: Inventory) -> None:
+        """GPUs without the vendor's CDI device: gauge, one log line, readiness detail and
+        one Node Event per distinct reason, as for NVML; never per claim."""
+        state = self.state
+        if state is None or state.vendor_cdi is None:
+            return
+        from .vendor_cdi import EVENT_REASON
+
+        gap = state.vendor_cdi.gap(inv)
+        if self.metrics is not None:
+            self.metrics.vendor_cdi_missing_gpus.set(gap.missing)
+        if gap.message == self.vendor_cdi_gap:
+            return
+        self.vendor_cdi_gap = gap.message
+        if not gap.message:
+            log.info("every GPU has its vendor CDI device again")
+            return
+        log.warning("%s", gap.message)
+        self._post_node_event(gap.message, EVENT_REASON)
+
+    def _post_node_event(self, message: str, reason: str) -> None:
+        """A Warning Event on the Node, in a thread of its own (the API may be slow)."""
+        from .nvml_gap import post_node_event
+
         client = self.client
-        if client is not None:
-            node_name = self.cfg.node_name
+        if client is None:
+            return
+        node_name = self.cfg.node_name
 
-            def post() -> None:
-                try:
-                    node = get_node(client, node_name)
-                except Exception as exc:
-                    log.warning("could not read node %s for the NVML event: %s", node_name, exc)
-                    return
-                post_node_event(client, node, gap, f"{self.cfg.driver_name}-kubelet-plugin")
+        def post() -> None:
+            try:
+                node = get_node(client, node_name)
+            except Exception as exc:
+                log.warning("could not read node %s for the %s event: %s", node_name, reason, exc)
+                return
+            post_node_event(client, node, message, f"{self.cfg.driver_name}-kubelet-plugin", reason)
 
-            self._spawn(post, "nvml-event")
+        self._spawn(post, "node-event")
 
     def _rediscover_quietly(self) -> None:
         self.rediscover()

@@ -217,6 +217,12 @@ class DriverMetrics:
             "container (0 when NVML answers or there is none)",
             registry=r,
         )
+        self.vendor_cdi_missing_gpus = Gauge(
+            f"{n}_vendor_cdi_missing_gpus",
+            "GPUs with a loaded kernel driver but no usable vendor CDI device (nvidia.com/gpu, "
+            "amd.com/gpu) in the CDI spec directories: their pods get no driver libraries",
+            registry=r,
+        )
         self.probe_up = Gauge(
             f"{n}_probe_up",
             "1 when the probe's last run was ok, 0 when unavailable or in error",

@@ -20,8 +20,8 @@ A probe left out on purpose (``--probes`` without ``nvidia``) is no gap.
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import logging
-import secrets
 from typing import TYPE_CHECKING, Any
 
 from discovery.model import Inventory
@@ -64,7 +64,9 @@ def nvml_gap(inv: Inventory) -> str:
     )
 
 
-def node_event(node: dict[str, Any], message: str, component: str) -> dict[str, Any]:
+def node_event(
+    node: dict[str, Any], message: str, component: str, reason: str = REASON
+) -> dict[str, Any]:
     """A core/v1 Warning Event about ``node`` (as the kubelet writes its own)."""
     meta = node.get("metadata") or {}
     name = str(meta.get("name", ""))
@@ -73,7 +75,9 @@ def node_event(node: dict[str, Any], message: str, component: str) -> dict[str, 
         "apiVersion": "v1",
         "kind": "Event",
         "metadata": {
-            "name": f"{name}.{secrets.token_hex(8)}",
+            # Named after what it says: a restarted plugin finds its Event and does not
+            # say the same thing again (once per node, not once per start).
+            "name": f"{name}.{_digest(reason, message)}",
             "namespace": EVENT_NAMESPACE,
         },
         "involvedObject": {
@@ -82,7 +86,7 @@ def node_event(node: dict[str, Any], message: str, component: str) -> dict[str, 
             "name": name,
             "uid": str(meta.get("uid", "")),
         },
-        "reason": REASON,
+        "reason": reason,
         "message": message[:1024],
         "type": "Warning",
         "source": {"component": component, "host": name},
@@ -94,13 +98,36 @@ def node_event(node: dict[str, Any], message: str, component: str) -> dict[str, 
     }
 
 
-def post_node_event(client: ApiClient, node: dict[str, Any], message: str, component: str) -> bool:
-    """Write the Event; False (logged) when the API server refused or is unreachable."""
-    body = node_event(node, message, component)
+def _digest(reason: str, message: str) -> str:
+    return hashlib.sha256(f"{reason}\n{message}".encode()).hexdigest()[:16]
+
+
+def post_node_event(
+    client: ApiClient,
+    node: dict[str, Any],
+    message: str,
+    component: str,
+    reason: str = REASON,
+) -> bool:
+    """Write the Event unless it is there already; False (logged) when the API server
+    refused or is unreachable."""
+    from kubernetes.client.exceptions import ApiException
+
+    body = node_event(node, message, component, reason)
     namespace = EVENT_NAMESPACE
     try:
+        try:
+            request_json(
+                client,
+                "GET",
+                f"/api/v1/namespaces/{namespace}/events/{body['metadata']['name']}",
+            )
+            return True
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
         request_json(client, "POST", f"/api/v1/namespaces/{namespace}/events", body)
     except Exception as exc:  # an Event is best effort: the log and the metric remain
-        log.warning("could not write the %s Event: %s", REASON, exc)
+        log.warning("could not write the %s Event: %s", reason, exc)
         return False
     return True

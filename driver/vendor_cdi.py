@@ -48,6 +48,8 @@ log = logging.getLogger(__name__)
 NVIDIA_KIND = "nvidia.com/gpu"
 AMD_KIND = "amd.com/gpu"
 DEFAULT_SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")
+#: The reason of the Node Event that reports the gap.
+EVENT_REASON = "VendorCDIMissing"
 #: The PCI driver that, when bound to a GPU, means a vendor spec should exist for it.
 KERNEL_DRIVERS = {"nvidia": "nvidia", "amd": "amdgpu"}
 KIND_OF = {"nvidia": NVIDIA_KIND, "amd": AMD_KIND}
@@ -397,18 +399,18 @@ class VendorCdi:
                 return self._usable(kind, *hit)
         names = [n for spec in reg.kinds[kind] for n in spec.devices]
         if any(n.startswith(_UUID_PREFIX) for n in names):
-            return Found(problem=f"{kind} spec is stale: no {uuid or 'UUID of ' + gpu.bus_id}")
+            return Found(problem=f"the {kind} spec is stale (it lists other GPUs' UUIDs)")
         if gpu.index is None:
-            return Found(problem=f"{kind} spec names no UUIDs and {gpu.bus_id} has no index")
+            return Found(problem=f"the {kind} spec names no UUIDs and the GPU has no NVML index")
         hit = reg.devices.get(cdi.qualified(kind, str(gpu.index)))
         if hit is None:
-            return Found(problem=f"{kind} spec is stale: no device {gpu.index}")
+            return Found(problem=f"the {kind} spec is stale (no device for the NVML index)")
         spec, name = hit
         if gpu.minor is not None:
             mine = f"/dev/nvidia{gpu.minor}"
             paths = {n["path"] for n in spec.devices[name].get("deviceNodes") or []}
             if mine not in paths:
-                return Found(problem=f"{kind}={name} is not {mine} ({gpu.bus_id}): stale spec")
+                return Found(problem=f"the {kind} spec is stale (its index names another GPU)")
         return self._usable(kind, spec, name)
 
     def _find_amd(self, reg: _Registry, kind: str, inv: Inventory, gpu: Gpu) -> Found:
@@ -421,7 +423,7 @@ class VendorCdi:
                     qualified = cdi.qualified(kind, name)
                     if reg.devices.get(qualified, (None, ""))[0] is spec:
                         return self._usable(kind, spec, name)
-        return Found(problem=f"{kind} spec is stale: no device with {render} ({gpu.bus_id})")
+        return Found(problem=f"the {kind} spec is stale (no device with the GPU's render node)")
 
     def _usable(self, kind: str, spec: _Spec, name: str) -> Found:
         nodes = [
@@ -432,8 +434,8 @@ class VendorCdi:
         for node in nodes:
             if self._host_lacks(node):
                 return Found(
-                    problem=f"{qualified} names {node.get('hostPath') or node['path']}, which "
-                    f"the host lacks (the runtime would refuse the container)"
+                    problem=f"the {kind} spec names {node.get('hostPath') or node['path']}, "
+                    "which the host lacks (the runtime would refuse the container)"
                 )
         return Found(device=VendorDevice(qualified, spec.path, tuple(nodes)))
 

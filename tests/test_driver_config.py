@@ -17,6 +17,7 @@ ENV = (
     "KUBELET_REGISTRAR_DIRECTORY_PATH",
     "KUBELET_PLUGINS_DIRECTORY_PATH",
     "CDI_ROOT",
+    "CDI_SPEC_DIRS",
     "STATE_DIR",
     "HTTP_ADDR",
     "PUBLISH",
@@ -52,6 +53,7 @@ def test_defaults_follow_the_driver_name(monkeypatch: pytest.MonkeyPatch) -> Non
     assert cfg.plugins_dir == "/var/lib/kubelet/plugins/net.example.com"
     assert cfg.state_dir == cfg.plugins_dir
     assert cfg.cdi_root == "/var/run/cdi"
+    assert cfg.cdi_spec_dirs == ("/etc/cdi", "/var/run/cdi")  # the cdi root is among them
     assert cfg.kubeconfig is None  # in-cluster
     assert cfg.http_addr is None
     assert cfg.publish == {"gpu", "nic", "cpu"}
@@ -68,6 +70,10 @@ def test_environment_and_flags(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
     cfg = parse([])
     assert (cfg.node_name, cfg.kubeconfig, cfg.publish) == ("from-env", str(kc), {"nic"})
     assert cfg.log_format == "json" and cfg.cdi_root == str(tmp_path / "cdi")
+    assert cfg.cdi_spec_dirs == ("/etc/cdi", "/var/run/cdi", str(tmp_path / "cdi"))
+    monkeypatch.setenv("CDI_SPEC_DIRS", f"{tmp_path}/a, {tmp_path}/b")
+    assert parse([]).cdi_spec_dirs == (f"{tmp_path}/a", f"{tmp_path}/b", str(tmp_path / "cdi"))
+    assert parse(["--cdi-spec-dirs", ""]).cdi_spec_dirs == (str(tmp_path / "cdi"),)
     assert parse(["--node-name", "from-flag", "--publish", "gpu,cpu"]).node_name == "from-flag"
     assert parse(["--publish", "gpu,cpu"]).publish == {"gpu", "cpu"}
 

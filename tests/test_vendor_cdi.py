@@ -5,6 +5,7 @@ parse cache, the checkpoint, and the node's gap line."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -370,3 +371,65 @@ def test_spec_dirs_default_and_dedup(tmp_path: Path) -> None:
     assert spec_dirs(None, "/var/run/cdi") == ("/etc/cdi", "/var/run/cdi")
     assert spec_dirs(None, str(tmp_path)) == ("/etc/cdi", "/var/run/cdi", str(tmp_path))
     assert spec_dirs([str(tmp_path), "/etc/cdi"], "/etc/cdi") == (str(tmp_path), "/etc/cdi")
+
+
+def test_daemon_says_the_gap_once_per_node(tmp_path: Path) -> None:
+    """No vendor spec on a node whose GPUs have their kernel driver bound: one Warning
+    Event on the Node, the gauge, /readyz ``degraded:``, however many rediscoveries and
+    prepares; the spec appearing clears it (gauge 0, readyz plain ok)."""
+    import copy
+    import urllib.request
+
+    from driver.daemon import Daemon
+    from driver.vendor_cdi import EVENT_REASON
+    from tests.kubeapi import KubeAPIServer
+    from tests.kubelet import register, wait_for
+    from tests.test_driver_daemon import DRIVER, NODE, config
+    from tests.test_nvml_gap import _readyz
+
+    inv = snapshot().inventory
+    run = tmp_path / "run-cdi"
+    run.mkdir()
+    with KubeAPIServer() as api:
+        api.add_node(NODE)
+        kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+        cfg = config(tmp_path, kubeconfig, http_addr="127.0.0.1:0")
+        cfg = dataclasses.replace(cfg, cdi_spec_dirs=(str(run), cfg.cdi_root))
+        daemon = Daemon(cfg, lambda: copy.deepcopy(inv))
+        daemon.start()
+        try:
+
+            def events() -> list[dict[str, Any]]:
+                found = api.store.select("events", "default", None, None)[0]
+                return [e for e in found if e["reason"] == EVENT_REASON]
+
+            def metric() -> str:
+                with urllib.request.urlopen(f"{daemon.http.url}/metrics", timeout=5) as resp:
+                    text = resp.read().decode()
+                return next(
+                    line
+                    for line in text.splitlines()
+                    if line.startswith("toposlice_vendor_cdi_missing_gpus ")
+                )
+
+            assert wait_for(events, timeout=10)
+            (ev,) = events()
+            assert ev["type"] == "Warning" and ev["involvedObject"]["name"] == NODE
+            assert "no vendor CDI device for 8 of 8 GPU(s)" in ev["message"]
+            assert daemon.status().details["degraded"] == ev["message"]
+            daemon.rediscover()
+            daemon.rediscover()
+            assert len(events()) == 1
+            assert metric() == "toposlice_vendor_cdi_missing_gpus 8.0"
+            register(tmp_path / "reg" / f"{DRIVER}-reg.sock")
+            assert wait_for(lambda: _readyz(daemon), timeout=10)
+            assert _readyz(daemon) == f"ok, degraded: {ev['message']}\n"
+            # Nodes under a driver container's dev root: not looked up in this host's /dev.
+            spec = vendor_specs.nvidia_ctk_spec(inv, dev_root="/run/nvidia/driver")
+            vendor_specs.write(run / "nvidia.yaml", spec)
+            daemon.rediscover()
+            assert metric() == "toposlice_vendor_cdi_missing_gpus 0.0"
+            assert "degraded" not in daemon.status().details and _readyz(daemon) == "ok\n"
+            assert len(events()) == 1
+        finally:
+            daemon.stop(grace=0)
