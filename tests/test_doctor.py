@@ -234,3 +234,36 @@ def _registration_socket_is_asked(tmp_path: Path) -> None:
         assert registered_drivers(registry) == {"gpu.nvidia.com", "dra.net"}
     finally:
         server.stop(0)
+
+
+def test_doctor_reports_gpus_without_a_vendor_cdi_device(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The node's vendor CDI gap (driver/vendor_cdi.py), one warning per GPU whose kernel
+    driver is bound; a spec file the runtime would skip is named too."""
+    from tests import vendor_specs
+
+    snap = snapshot_of("dgx-h100")
+    own = tmp_path / "own.yaml"
+    own.write_text(yaml.safe_dump_all(build_slices(snap.inventory, "dgx-h100")))
+    cdi_dir = tmp_path / "cdi"
+    cdi_dir.mkdir()
+    base = ["--slices", str(own), "--drivers", "toposlice.dev", "--cdi-spec-dirs", str(cdi_dir)]
+    rc, report = run_doctor(capsys, *base)
+    found = [f for f in report["findings"] if f["check"] == "vendor-cdi-missing"]
+    assert rc == 1 and len(found) == 8 == len(report["findings"])
+    assert {f["device"] for f in found} == {g.bus_id for g in snap.inventory.gpus}
+    assert all(f["driver"] == "nvidia.com/gpu" for f in found)
+    assert "no nvidia.com/gpu spec in" in found[0]["message"]
+    spec = vendor_specs.nvidia_ctk_spec(snap.inventory, dev_root="/run/nvidia/driver")
+    vendor_specs.write(cdi_dir / "nvidia.yaml", spec)
+    (cdi_dir / "broken.json").write_text('{"cdiVersion": "0.5.0"}')
+    rc, report = run_doctor(capsys, *base)
+    (only,) = report["findings"]
+    assert rc == 1 and "broken.json: skipped: missing kind" in only["message"]
+    (cdi_dir / "broken.json").unlink()
+    rc, report = run_doctor(capsys, *base)
+    assert rc == 0 and report["findings"] == []
+    # Off for fake machines unless asked for.
+    rc, report = run_doctor(capsys, "--slices", str(own), "--drivers", "toposlice.dev")
+    assert rc == 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from toposlice.sources import (
     add_node_name_arg,
@@ -16,6 +16,10 @@ from toposlice.sources import (
     node_name_of,
     normalize_options,
 )
+
+if TYPE_CHECKING:
+    from discovery.model import Inventory
+    from normalize.crossdriver import Finding
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -39,6 +43,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--drivers",
         metavar="LIST",
         help="comma-separated drivers registered on the node (instead of --plugins-registry)",
+    )
+    p.add_argument(
+        "--cdi-spec-dirs",
+        metavar="DIRS",
+        help="CDI spec directories the container runtime reads (comma-separated): report "
+        "GPUs with a bound kernel driver but no usable vendor CDI device (default on this "
+        "host: /etc/cdi,/var/run/cdi; not checked for --fake/--inventory unless given)",
     )
     p.add_argument("-o", "--output", choices=["table", "json", "yaml"], default="table")
     p.add_argument(
@@ -84,12 +95,52 @@ def run(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
     report = normalization_report(snap, slices, node, drivers)
+    report.findings.extend(vendor_cdi_findings(args, inv))
     if args.output == "table":
         sys.stdout.write(report_table(report.to_dict()))
     else:
         dump(report.to_dict(), args.output)
     failing = report.errors if args.fail_on == "error" else report.errors + report.warnings
     return 1 if failing else 0
+
+
+VENDOR_CDI_CHECK = "vendor-cdi-missing"
+
+
+def vendor_cdi_findings(args: argparse.Namespace, inv: Inventory) -> list[Finding]:
+    """One warning per GPU whose kernel driver is bound but that has no usable vendor CDI
+    device (driver/vendor_cdi.py): its pods would get no driver libraries."""
+    from driver.vendor_cdi import DEFAULT_SPEC_DIRS, KERNEL_DRIVERS, KIND_OF, VendorCdi
+    from normalize.crossdriver import Finding
+    from toposlice.sources import host_root
+
+    live = not (args.fake or args.inventory or getattr(args, "gathered", None))
+    if args.cdi_spec_dirs is None and not live:
+        return []
+    dirs = DEFAULT_SPEC_DIRS
+    if args.cdi_spec_dirs is not None:
+        dirs = tuple(d.strip() for d in args.cdi_spec_dirs.split(",") if d.strip())
+    vendor = VendorCdi(dirs, host_root(args.root))
+    out: list[Finding] = []
+    for gpu in inv.gpus:
+        pci = inv.pci(gpu.bus_id)
+        if pci is None or pci.driver != KERNEL_DRIVERS.get(gpu.vendor):
+            continue
+        found = vendor.find(inv, gpu)
+        if found.device is None:
+            out.append(
+                Finding(
+                    driver=KIND_OF[gpu.vendor],
+                    check=VENDOR_CDI_CHECK,
+                    device=gpu.bus_id,
+                    message=f"{found.problem}: pods get no driver libraries (docs/deploy.md)",
+                )
+            )
+    for path, error in sorted(vendor.errors().items()):
+        out.append(
+            Finding(driver="cdi", check=VENDOR_CDI_CHECK, message=f"{path}: skipped: {error}")
+        )
+    return out
 
 
 def _slice_files(paths: list[str]) -> list[dict[str, Any]]:
