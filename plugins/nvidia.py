@@ -9,6 +9,7 @@ most one warning per GPU and fact kind.
 from __future__ import annotations
 
 import importlib
+import os
 from collections.abc import Callable
 from typing import Any, Literal, cast
 
@@ -36,6 +37,9 @@ NVLINK_BANDWIDTH_GBPS = NVLINK_LINK_GBPS
 RemoteType = Literal["gpu", "switch", "npu", "unknown"]
 NVSWITCH_MODELS: dict[int, str] = {0x22A3: "NVSwitch (H100 gen)", 0x1AF1: "A100 NVSwitch"}
 
+#: The driver root the chart's driver-root mode mounts (the NVIDIA DRA driver's name).
+DRIVER_ROOT_ENV = "NVIDIA_DRIVER_ROOT"
+NVML_LIBRARY = "libnvidia-ml.so.1"
 MAX_NVLINKS = 36  # pynvml's NVML_NVLINK_MAX_LINKS; the C header says 18 -- stop at errors.
 
 _NOT_SUPPORTED = NVML_ERROR_CODES["NOT_SUPPORTED"]
@@ -169,11 +173,38 @@ def _load_nvml(ctx: ProbeContext) -> Any:
     if not ctx.live:
         raise ProbeUnavailable("NVML is only used on the live host (no fake NVML given)")
     try:
-        return importlib.import_module("pynvml")
+        module = importlib.import_module("pynvml")
     except ImportError as exc:
         raise ProbeUnavailable(f"pynvml (nvidia-ml-py) is not installed: {exc}") from None
     except Exception as exc:
         raise ProbeUnavailable(f"pynvml cannot be imported: {exc}") from None
+    preload_from_driver_root()
+    return module
+
+
+def preload_from_driver_root() -> str | None:
+    """With ``$NVIDIA_DRIVER_ROOT`` set (the chart's driver-root mode), load the driver's
+    ``libnvidia-ml.so.1`` from that tree before pynvml asks for it by name: the dynamic
+    loader then hands pynvml the library already loaded under that soname, and the
+    plugin's image needs no copy of a library that must match the host's kernel module.
+    The path loaded, or None when the variable is unset."""
+    root = os.environ.get(DRIVER_ROOT_ENV, "")
+    if not root:
+        return None
+    import ctypes
+
+    from discovery.driver_root import LIB_DIRS, find_library
+
+    path = find_library(root, NVML_LIBRARY)
+    if path is None:
+        raise ProbeUnavailable(
+            f"${DRIVER_ROOT_ENV}={root}: no {NVML_LIBRARY} in {', '.join(LIB_DIRS)} under it"
+        )
+    try:
+        ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
+    except OSError as exc:
+        raise ProbeUnavailable(f"{path}: cannot be loaded: {exc}") from None
+    return str(path)
 
 
 def _nvidia_pci_gpus(ctx: ProbeContext) -> bool | None:

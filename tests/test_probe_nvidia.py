@@ -524,3 +524,50 @@ def test_display_device_without_vendor_id_still_tries_nvml() -> None:
     inv.pci_devices.append(PciDevice(bus_id="0000:1b:00.0", class_code="0x0302"))
     report = run(FakeNvml(two_gpus()).module(), inv)
     assert len(report.gpus) == 2
+
+
+_STUB_NVML = """
+int nvmlInit_v2(void) { return 0; }
+int nvmlInitWithFlags(unsigned int flags) { return 0; }
+int nvmlShutdown(void) { return 0; }
+int nvmlDeviceGetCount_v2(unsigned int *count) { *count = 3; return 0; }
+"""
+
+
+def test_nvml_is_loaded_from_the_driver_root(tmp_path: Path) -> None:
+    """The chart's driver-root mode: ``$NVIDIA_DRIVER_ROOT`` holds the host's driver
+    (its ``libnvidia-ml.so.1`` an absolute symlink inside that tree, as installers make
+    it); pynvml, asking the loader for the bare soname, gets that library. A stand-in
+    library built here answers three GPUs."""
+    import shutil
+    import subprocess
+
+    gcc = shutil.which("gcc") or shutil.which("cc")
+    if gcc is None:
+        pytest.skip("no C compiler to build the stand-in NVML library")
+    root = tmp_path / "driver-root"
+    lib_dir = root / "usr/lib/x86_64-linux-gnu"
+    lib_dir.mkdir(parents=True)
+    src = tmp_path / "nvml.c"
+    src.write_text(_STUB_NVML)
+    real = lib_dir / "libnvidia-ml.so.999.99.99"
+    subprocess.run(
+        [gcc, "-shared", "-fPIC", "-Wl,-soname,libnvidia-ml.so.1", "-o", str(real), str(src)],
+        check=True,
+    )
+    (lib_dir / "libnvidia-ml.so.1").symlink_to("/usr/lib/x86_64-linux-gnu/" + real.name)
+    code = (
+        "import pynvml\n"
+        "from plugins.nvidia import preload_from_driver_root\n"
+        "print(preload_from_driver_root())\n"
+        "pynvml.nvmlInit()\n"
+        "print(pynvml.nvmlDeviceGetCount())\n"
+    )
+    env = {**__import__("os").environ, "NVIDIA_DRIVER_ROOT": str(root)}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert out == [str(real), "3"]
+    env["NVIDIA_DRIVER_ROOT"] = str(tmp_path / "empty")
+    bad = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert bad.returncode != 0 and "no libnvidia-ml.so.1 in usr/lib/x86_64-linux-gnu" in bad.stderr

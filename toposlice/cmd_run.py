@@ -36,6 +36,9 @@ def _nvml_sources(daemon: Any) -> None:
         import pynvml
 
         from driver.nvml_events import NvmlXidSource
+        from plugins.nvidia import preload_from_driver_root
+
+        preload_from_driver_root()  # $NVIDIA_DRIVER_ROOT: the chart's driver-root mode
 
         daemon.add_event_source(NvmlXidSource(pynvml, gpus))
     except Exception as exc:  # no library / no driver: health still has links and loss
