@@ -69,6 +69,7 @@ VARIANTS: dict[str, dict[str, Any] | None] = {
     "all-options": ALL_OPTIONS,
     "observe": {"observe": True},
     "beside-vendor-gpu-driver": {"publish": ["nic", "cpu"]},
+    "nvml-driver-root": {"nvml": {"driverRoot": {"enabled": True, "path": "/run/nvidia/driver"}}},
 }
 
 
@@ -275,7 +276,9 @@ def dir_flags() -> list[str]:
     return [a.option_strings[0] for a in group._group_actions if a.metavar == "DIR"]
 
 
-@pytest.mark.parametrize("variant", ["default", "fake", "all-options", "beside-vendor-gpu-driver"])
+@pytest.mark.parametrize(
+    "variant", ["default", "fake", "all-options", "beside-vendor-gpu-driver", "nvml-driver-root"]
+)
 def test_daemonset_command_line_is_a_valid_toposlice_run(variant: str) -> None:
     values = VARIANTS[variant] or {}
     cfg = run_config(node_plugin(render(values)))
@@ -287,7 +290,7 @@ def test_daemonset_command_line_is_a_valid_toposlice_run(variant: str) -> None:
     assert cfg.live is not bool(values.get("fake"))
 
 
-@pytest.mark.parametrize("variant", ["default", "fake", "all-options"])
+@pytest.mark.parametrize("variant", ["default", "fake", "all-options", "nvml-driver-root"])
 def test_daemonset_mounts_what_toposlice_run_uses(variant: str) -> None:
     values = VARIANTS[variant] or {}
     spec = node_plugin(render(values))
@@ -381,6 +384,47 @@ def test_live_daemonset_mounts_host_dev_for_cdi_device_nodes() -> None:
     assert vols[mount["name"]]["hostPath"]["path"] == "/dev"
     fake = node_plugin(render(fake_values()))
     assert not [v for v in fake["volumes"] if (v.get("hostPath") or {}).get("path") == "/dev"]
+
+
+def test_vendor_cdi_spec_dirs_are_mounted_read_only_where_the_driver_reads_them() -> None:
+    """`--cdi-spec-dirs` (plus `--cdi-root`, mounted writable once) are the host's
+    directories at the same paths, read-only: the ids the driver hands out resolve against
+    what the runtime reads."""
+    for values in (None, fake_values(), {"host": {"cdiSpecDirs": ["/etc/cdi", "/opt/cdi"]}}):
+        spec = node_plugin(render(values))
+        cfg = run_config(spec)
+        mounted = mounts(spec)
+        assert cfg.cdi_spec_dirs[-1] == cfg.cdi_root
+        for d in cfg.cdi_spec_dirs[:-1]:
+            assert mounted[d] == (d, True), d
+        assert mounted[cfg.cdi_root] == (cfg.cdi_root, False)
+    spec = node_plugin(render({"host": {"cdiSpecDirs": []}}))
+    assert run_config(spec).cdi_spec_dirs == ("/var/run/cdi",)
+
+
+def test_nvml_driver_root_mode() -> None:
+    """Off by default; on, it does what the NVIDIA DRA driver's chart does for its NVML:
+    the host's driver root read-only at /driver-root (HostToContainer), the variable the
+    nvidia probe loads libnvidia-ml.so.1 from, NVIDIA_VISIBLE_DEVICES=void, privileged."""
+    (c,) = node_plugin(render(None))["containers"]
+    assert c["securityContext"]["privileged"] is False
+    assert "NVIDIA_DRIVER_ROOT" not in container_env(c, "node-a")
+    assert "/driver-root" not in mounts(node_plugin(render(None)))
+    from plugins.nvidia import DRIVER_ROOT_ENV
+
+    spec = node_plugin(render(VARIANTS["nvml-driver-root"]))
+    (c,) = spec["containers"]
+    env = container_env(c, "node-a")
+    assert env[DRIVER_ROOT_ENV] == "/driver-root" and env["NVIDIA_VISIBLE_DEVICES"] == "void"
+    assert mounts(spec)["/driver-root"] == ("/run/nvidia/driver", True)
+    (m,) = [m for m in c["volumeMounts"] if m["mountPath"] == "/driver-root"]
+    assert m["mountPropagation"] == "HostToContainer"
+    assert c["securityContext"]["privileged"] is True
+    assert "capabilities" not in c["securityContext"]
+    assert "allowPrivilegeEscalation" not in c["securityContext"]
+    # Observe mode runs no NVML of the driver's: the mode adds nothing there.
+    observe = node_plugin(render({"observe": True, **VARIANTS["nvml-driver-root"]}))
+    assert "/driver-root" not in mounts(observe)
 
 
 def test_daemonset_node_name_comes_from_the_downward_api() -> None:
