@@ -219,8 +219,8 @@ class DriverMetrics:
         )
         self.vendor_cdi_missing_gpus = Gauge(
             f"{n}_vendor_cdi_missing_gpus",
-            "GPUs with a loaded kernel driver but no usable vendor CDI device (nvidia.com/gpu, "
-            "amd.com/gpu) in the CDI spec directories: their pods get no driver libraries",
+            "NVIDIA GPUs with the kernel driver bound but no usable nvidia.com/gpu CDI device "
+            "in the CDI spec directories: their pods get no driver libraries",
             registry=r,
         )
         self.probe_up = Gauge(

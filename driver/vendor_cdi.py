@@ -20,8 +20,8 @@ and read again when their size, mtime or inode changes, so a prepare costs a dir
 listing and a few ``stat`` calls. toposlice's own files (``k8s.<driver>-*``,
 ``<driver>-*``) are not read: they hold no vendor device and there is one per claim.
 
-Where no usable vendor device exists for a GPU whose kernel driver is bound, prepare still
-succeeds with toposlice's own edits, and :meth:`VendorCdi.gap` gives the one line the
+Where no usable vendor device exists for an NVIDIA GPU whose kernel driver is bound,
+prepare still succeeds with toposlice's own edits, and :meth:`VendorCdi.gap` gives the one line the
 daemon reports once per node (Event, gauge, ``/readyz``, log), never per claim.
 """
 
@@ -51,7 +51,10 @@ DEFAULT_SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")
 #: The reason of the Node Event that reports the gap.
 EVENT_REASON = "VendorCDIMissing"
 #: The PCI driver that, when bound to a GPU, means a vendor spec should exist for it.
-KERNEL_DRIVERS = {"nvidia": "nvidia", "amd": "amdgpu"}
+#: Only NVIDIA's carries what a pod lacks without it (the driver's libraries); amd-ctk's
+#: holds device nodes only, which toposlice's own spec names already, and ROCm's user
+#: space comes from the image: an AMD GPU without its spec is no gap.
+KERNEL_DRIVERS = {"nvidia": "nvidia"}
 KIND_OF = {"nvidia": NVIDIA_KIND, "amd": AMD_KIND}
 #: cdiVersion strings the CDI library (v1.1.0) accepts.
 VERSIONS = (
@@ -528,8 +531,8 @@ class VendorCdi:
             f"no vendor CDI device for {missing} of {total} GPU(s) with a loaded kernel "
             f"driver: {why}; their pods get toposlice's device nodes, environment and NCCL "
             "file but not the driver's libraries (CUDA fails at cuInit): install the NVIDIA "
-            "Container Toolkit or GPU Operator (nvidia.com/gpu) or amd-ctk (amd.com/gpu), "
-            "see docs/deploy.md",
+            "Container Toolkit or the GPU Operator (they keep nvidia.com/gpu in "
+            "/var/run/cdi), see docs/deploy.md",
         )
 
     def errors(self) -> dict[str, str]:

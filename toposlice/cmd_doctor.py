@@ -124,7 +124,8 @@ def vendor_cdi_findings(args: argparse.Namespace, inv: Inventory) -> list[Findin
     out: list[Finding] = []
     for gpu in inv.gpus:
         pci = inv.pci(gpu.bus_id)
-        if pci is None or pci.driver != KERNEL_DRIVERS.get(gpu.vendor):
+        want = KERNEL_DRIVERS.get(gpu.vendor)
+        if pci is None or want is None or pci.driver != want:
             continue
         found = vendor.find(inv, gpu)
         if found.device is None:

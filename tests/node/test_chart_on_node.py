@@ -69,6 +69,9 @@ def values(node: Node, **extra: Any) -> dict[str, Any]:
         "kubeletDir": str(node.kubelet_dir),
         "cdiRoot": str(node.cdi_dir),
         "stateDir": str(node.dir / "toposlice-state"),
+        # Only the node's own CDI directory (the default would mount, and create, this
+        # machine's /etc/cdi and /var/run/cdi).
+        "cdiSpecDirs": [],
     }
     data.update(extra)
     return data
