@@ -76,6 +76,9 @@ class ClaimRecord:
     devices: tuple[PreparedDevice, ...] = ()
     files: tuple[str, ...] = field(default=())
     """Every file this claim owns (CDI spec, NCCL topology), so undo needs no recomputation."""
+    metadata: tuple[dict[str, Any], ...] = ()
+    """What each request's device metadata file says (driver/device_metadata.py), so a
+    restart can rewrite it without the API server. Absent from older checkpoints."""
 
     @cached_property
     def as_dict(self) -> dict[str, Any]:
@@ -87,6 +90,7 @@ class ClaimRecord:
             "state": self.state,
             "devices": [d.to_dict() for d in self.devices],
             "files": list(self.files),
+            **({"metadata": list(self.metadata)} if self.metadata else {}),
         }
 
     @cached_property
@@ -107,6 +111,7 @@ class ClaimRecord:
             state=state,
             devices=tuple(PreparedDevice.from_dict(x) for x in d.get("devices", ())),
             files=tuple(str(x) for x in d.get("files", ())),
+            metadata=tuple(dict(x) for x in d.get("metadata", ())),
         )
 
 

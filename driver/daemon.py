@@ -279,7 +279,16 @@ class Daemon:
                 cfg.registrar_dir,
             )
         )
+        from .device_metadata import MetadataWriter
+
         try:
+            metadata = MetadataWriter(
+                cfg.driver_name,
+                cfg.plugins_dir,
+                cfg.cdi_root,
+                versions=cfg.device_metadata_versions,
+                enabled=cfg.device_metadata,
+            )
             self.state = DriverState(
                 cfg.driver_name,
                 cfg.node_name,
@@ -288,6 +297,7 @@ class Daemon:
                 cfg.root,
                 self.claim_reader,
                 self.snapshot,
+                metadata=metadata,
             )
             self.dra = start_dra_server(
                 cfg.plugins_dir, self.state, self.health_monitor, snapshot_fn=self.snapshot

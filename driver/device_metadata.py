@@ -1,0 +1,401 @@
+"""KEP-5304 device metadata: the JSON file a container reads to learn which devices it got.
+
+Kubernetes 1.36 (alpha) leaves the whole protocol to the driver: nothing in the kubelet
+or the API server writes or mounts the file, and on the wire the feature is one more CDI
+id in the prepare answer. The Go helper library does it for Go drivers; this module is
+the same protocol for ours (../shared/reference/device-metadata.md):
+
+- one file per prepared claim and **base** request name (``gpu/high-mem`` is filed
+  under ``gpu``; the full name is inside), at
+  ``<plugin data dir>/dra-device-metadata/<namespace>_<claim>/<request>/metadata.json``;
+- its content a stream of the same ``DeviceMetadata`` object once per configured API
+  version, each followed by a newline (readers take the first version they know);
+- bind-mounted read-only through a CDI spec of its own
+  (``<cdi root>/<driver>_metadata_<claim uid>_<request>.json``, kind
+  ``<driver>/metadata``), at ``/var/run/kubernetes.io/dra-device-attributes/
+  resourceclaims/<claim>/<request>/<driver>-metadata.json`` (or
+  ``resourceclaimtemplates/<pod claim name>/...`` for a claim made from a template), its
+  id added after the driver's own to the first device of the request;
+- each device with every attribute it publishes in the ResourceSlice, unchanged;
+  generation 1 (nothing updates a file after prepare).
+
+What a request's file says is kept in the checkpoint (:meth:`RequestMetadata.to_dict`),
+so a restart rewrites the same bytes without asking the API server, whose claim may be
+gone. Files are written like every other file of the driver (temp, rename), before the
+checkpoint records the claim prepared; the file and its spec must exist before the
+answer, or the runtime fails the container.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from . import cdi
+from .atomic import TEMP_SUFFIX, remove_quiet, write_atomic
+from .checkpoint import ClaimRecord, PreparedDevice
+
+log = logging.getLogger(__name__)
+
+GROUP = "metadata.resource.k8s.io"
+VERSIONS = ("v1alpha1", "v1beta1")
+"""What this writer can write; 1.36 reads v1alpha1, 1.37 v1beta1 (then alpha as well)."""
+DEFAULT_VERSIONS = ("v1alpha1",)
+KIND = "DeviceMetadata"
+DATA_DIR = "dra-device-metadata"
+FILE_NAME = "metadata.json"
+CONTAINER_ROOT = "/var/run/kubernetes.io/dra-device-attributes"
+POD_CLAIM_NAME_ANNOTATION = "resource.kubernetes.io/pod-claim-name"
+CDI_CLASS = "metadata"
+DIR_MODE = 0o755
+FILE_MODE = 0o644
+
+
+@dataclass(frozen=True)
+class MetadataDevice:
+    pool: str
+    name: str
+    attributes: Mapping[str, Any]
+    """The device's ``attributes`` exactly as its ResourceSlice publishes them."""
+
+
+@dataclass(frozen=True)
+class RequestMetadata:
+    """The content of one request's file, apart from the claim's identity and the
+    versions (both come from the record and the configuration)."""
+
+    request: str
+    """Base request name: the directory, the CDI device name."""
+    name: str
+    """Full request reference (``req`` or ``req/sub``): ``requests[].name`` in the file."""
+    devices: tuple[MetadataDevice, ...]
+    pod_claim_name: str = ""
+    generation: int = 1
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "request": self.request,
+            "name": self.name,
+            "generation": self.generation,
+            "devices": [
+                {"pool": d.pool, "name": d.name, "attributes": d.attributes} for d in self.devices
+            ],
+        }
+        if self.pod_claim_name:
+            out["podClaimName"] = self.pod_claim_name
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> RequestMetadata:
+        return cls(
+            request=str(d["request"]),
+            name=str(d["name"]),
+            generation=int(d.get("generation", 1)),
+            pod_claim_name=str(d.get("podClaimName", "")),
+            devices=tuple(
+                MetadataDevice(
+                    pool=str(x["pool"]), name=str(x["name"]), attributes=x.get("attributes") or {}
+                )
+                for x in d.get("devices", ())
+            ),
+        )
+
+
+def base_request(request: str) -> str:
+    """``gpu/high-mem`` (a prioritized-list subrequest) -> ``gpu``."""
+    return request.split("/", 1)[0]
+
+
+def group_requests(
+    claim: Mapping[str, Any],
+    results: Iterable[Mapping[str, Any]],
+    attributes: Mapping[str, Mapping[str, Any]],
+) -> tuple[RequestMetadata, ...]:
+    """One entry per base request among ``results`` (this driver's allocation results, in
+    their order), its devices in result order. Pure: the claim's annotation, the results
+    and the published attributes by device name."""
+    annotations = (claim.get("metadata") or {}).get("annotations") or {}
+    pod_claim = str(annotations.get(POD_CLAIM_NAME_ANNOTATION) or "")
+    names: dict[str, str] = {}
+    devices: dict[str, list[MetadataDevice]] = {}
+    for r in results:
+        full = str(r.get("request", ""))
+        base = base_request(full)
+        names.setdefault(base, full)
+        name = str(r.get("device", ""))
+        devices.setdefault(base, []).append(
+            MetadataDevice(
+                pool=str(r.get("pool", "")), name=name, attributes=attributes.get(name) or {}
+            )
+        )
+    return tuple(
+        RequestMetadata(
+            request=base, name=names[base], devices=tuple(devs), pod_claim_name=pod_claim
+        )
+        for base, devs in devices.items()
+    )
+
+
+def metadata_object(
+    driver: str, namespace: str, name: str, uid: str, req: RequestMetadata, version: str
+) -> dict[str, Any]:
+    """The ``DeviceMetadata`` object of one version (field order as the Go writer's)."""
+    devices = []
+    for d in req.devices:
+        dev: dict[str, Any] = {"driver": driver, "pool": d.pool, "name": d.name}
+        if d.attributes:
+            # Sorted, as Go's encoder writes a map: the same bytes whether the attributes
+            # come from the slice or from the checkpoint (which sorts its keys).
+            dev["attributes"] = dict(sorted(d.attributes.items()))
+        devices.append(dev)
+    obj: dict[str, Any] = {
+        "kind": KIND,
+        "apiVersion": f"{GROUP}/{version}",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "uid": uid,
+            "generation": req.generation,
+        },
+    }
+    if req.pod_claim_name:
+        obj["podClaimName"] = req.pod_claim_name
+    obj["requests"] = [{"name": req.name, "devices": devices}]
+    return obj
+
+
+def encode_stream(objects: Sequence[Mapping[str, Any]]) -> bytes:
+    """The file: each object as JSON followed by a newline. Compact, not the Go writer's
+    indentation: a reader decodes a stream of values whatever the whitespace, and the
+    C encoder is several times faster than the indenting one."""
+    return "".join(json.dumps(o, separators=(",", ":")) + "\n" for o in objects).encode()
+
+
+def decode_stream(text: str) -> list[dict[str, Any]]:
+    """Every object of a metadata file, in order (what a reader loops over)."""
+    decoder = json.JSONDecoder()
+    out: list[dict[str, Any]] = []
+    at, end = 0, len(text)
+    while True:
+        while at < end and text[at].isspace():
+            at += 1
+        if at >= end:
+            return out
+        obj, at = decoder.raw_decode(text, at)
+        out.append(obj)
+
+
+def check_versions(versions: Sequence[str]) -> tuple[str, ...]:
+    """ValueError with the offending name for an unknown, repeated or empty list."""
+    if not versions:
+        raise ValueError(f"give one or more of {','.join(VERSIONS)}")
+    bad = [v for v in versions if v not in VERSIONS]
+    if bad:
+        raise ValueError(f"unknown version {bad[0]!r}: give one or more of {','.join(VERSIONS)}")
+    if len(set(versions)) != len(versions):
+        raise ValueError("a version is named twice")
+    return tuple(versions)
+
+
+class MetadataWriter:
+    """Owns ``<data dir>/dra-device-metadata/`` and ``<cdi root>/<driver>_metadata_*.json``.
+
+    ``enabled`` says whether prepare writes new files; whatever the flag, files that
+    checkpoint records own are rebuilt at start and removed at unprepare, and files no
+    record owns are removed at start."""
+
+    def __init__(
+        self,
+        driver: str,
+        data_dir: str | os.PathLike[str],
+        cdi_root: str | os.PathLike[str],
+        *,
+        versions: Sequence[str] = DEFAULT_VERSIONS,
+        enabled: bool = True,
+        sync: bool = False,
+    ) -> None:
+        self.driver = driver
+        self.kind = f"{driver}/{CDI_CLASS}"
+        cdi.check_kind(self.kind)
+        self.root = Path(data_dir).absolute() / DATA_DIR
+        self.cdi_root = Path(cdi_root).absolute()
+        self.versions = check_versions(versions)
+        self.enabled = enabled
+        self.sync = sync
+        self.spec_prefix = f"{driver}_{CDI_CLASS}_"
+
+    # -- names ------------------------------------------------------------------------
+
+    def claim_dir(self, namespace: str, name: str) -> Path:
+        return self.root / f"{namespace}_{name}"
+
+    def host_path(self, namespace: str, name: str, request: str) -> Path:
+        return self.claim_dir(namespace, name) / request / FILE_NAME
+
+    def container_path(self, claim_name: str, req: RequestMetadata) -> str:
+        if req.pod_claim_name:
+            where = f"resourceclaimtemplates/{req.pod_claim_name}"
+        else:
+            where = f"resourceclaims/{claim_name}"
+        return f"{CONTAINER_ROOT}/{where}/{req.request}/{self.driver}-metadata.json"
+
+    def device_name(self, uid: str, request: str) -> str:
+        return f"{uid}_{request}"
+
+    def cdi_id(self, uid: str, request: str) -> str:
+        return cdi.qualified(self.kind, self.device_name(uid, request))
+
+    def spec_path(self, uid: str, request: str) -> Path:
+        return self.cdi_root / f"{self.spec_prefix}{uid}_{request}.json"
+
+    # -- prepare ----------------------------------------------------------------------
+
+    def with_ids(
+        self, uid: str, reqs: Sequence[RequestMetadata], devices: Sequence[PreparedDevice]
+    ) -> tuple[PreparedDevice, ...]:
+        """``devices`` with each request's metadata id after the first device's own ids."""
+        pending = {r.request for r in reqs}
+        out = []
+        for dev in devices:
+            req = dev.request_names[0] if dev.request_names else ""
+            if req in pending:
+                pending.discard(req)
+                dev = replace(dev, cdi_ids=(*dev.cdi_ids, self.cdi_id(uid, req)))
+            out.append(dev)
+        return tuple(out)
+
+    def files(
+        self, namespace: str, name: str, uid: str, reqs: Sequence[RequestMetadata]
+    ) -> list[tuple[Path, bytes]]:
+        """(path, content) of every file the claim's metadata takes, each metadata file
+        before the CDI spec that mounts it."""
+        out = []
+        for req in reqs:
+            host = self.host_path(namespace, name, req.request)
+            objects = [
+                metadata_object(self.driver, namespace, name, uid, req, v) for v in self.versions
+            ]
+            out.append((host, encode_stream(objects)))
+            spec = cdi.build_spec(
+                self.kind,
+                {
+                    self.device_name(uid, req.request): {
+                        "mounts": [
+                            {
+                                "hostPath": str(host),
+                                "containerPath": self.container_path(name, req),
+                                "options": ["ro", "nosuid", "nodev", "bind"],
+                            }
+                        ]
+                    }
+                },
+            )
+            out.append((self.spec_path(uid, req.request), json.dumps(spec).encode() + b"\n"))
+        return out
+
+    def write(self, files: Iterable[tuple[Path, bytes]]) -> None:
+        for path, data in files:
+            if path.parent != self.cdi_root:
+                os.makedirs(path.parent, mode=DIR_MODE, exist_ok=True)
+            write_atomic(path, data, mode=FILE_MODE, sync=self.sync)
+
+    # -- unprepare --------------------------------------------------------------------
+
+    def owned_paths(self, namespace: str, name: str, uid: str) -> list[Path]:
+        """The claim's files found by name alone (no record: a lost checkpoint)."""
+        paths = [
+            self.cdi_root / e
+            for e in _listdir(self.cdi_root)
+            if e.startswith(f"{self.spec_prefix}{uid}_") and e.endswith(".json")
+        ]
+        claim_dir = self.claim_dir(namespace, name)
+        paths += [claim_dir / r / FILE_NAME for r in _listdir(claim_dir)]
+        return paths
+
+    def prune(self, removed: Iterable[Path]) -> None:
+        """Remove the request and claim directories left empty by ``removed``."""
+        dirs = {p.parent for p in removed if self.root in p.parents}
+        for d in sorted(dirs | {d.parent for d in dirs}, key=lambda d: -len(d.parts)):
+            if d != self.root and self.root in d.parents:
+                try:
+                    d.rmdir()
+                except OSError:  # not empty (another request, another claim), or gone
+                    pass
+
+    # -- start ------------------------------------------------------------------------
+
+    def reconcile(self, records: Mapping[str, ClaimRecord], *, keep_orphans: bool) -> None:
+        """At start: remove temp files, then (unless ``keep_orphans``: the checkpoint was
+        corrupt) every metadata file and spec no record owns, then rewrite from the
+        checkpoint each completed claim's files that are missing or differ."""
+        tree = list(self._tree())
+        for path in tree:
+            if path.name.endswith(TEMP_SUFFIX):
+                remove_quiet(path)
+        for entry in _listdir(self.cdi_root):
+            if entry.startswith(f".{self.spec_prefix}") and entry.endswith(TEMP_SUFFIX):
+                remove_quiet(self.cdi_root / entry)
+        owned = {f for rec in records.values() for f in rec.files}
+        if not keep_orphans:
+            orphans = [p for p in tree if p.name == FILE_NAME and str(p) not in owned]
+            orphans += [
+                self.cdi_root / e
+                for e in _listdir(self.cdi_root)
+                if e.startswith(self.spec_prefix)
+                and e.endswith(".json")
+                and str(self.cdi_root / e) not in owned
+            ]
+            for path in orphans:
+                log.info("removing orphan device metadata file %s", path)
+                remove_quiet(path)
+            self.prune(p for p in tree if not p.exists())
+        for rec in records.values():
+            if rec.state == "PrepareCompleted" and rec.metadata:
+                self.rebuild(rec)
+
+    def rebuild(self, rec: ClaimRecord) -> int:
+        """Rewrite the record's metadata files and specs that are missing or differ from
+        what the checkpoint says; how many were written."""
+        reqs = [RequestMetadata.from_dict(d) for d in rec.metadata]
+        written = 0
+        for path, data in self.files(rec.namespace, rec.name, rec.uid, reqs):
+            if str(path) not in rec.files:
+                log.warning(
+                    "claim %s/%s: device metadata %s is not where it was prepared "
+                    "(plugin or CDI directory changed?); left as it is",
+                    rec.namespace,
+                    rec.name,
+                    path,
+                )
+                continue
+            try:
+                if path.read_bytes() == data:
+                    continue
+            except OSError:
+                pass
+            self.write([(path, data)])
+            written += 1
+        if written:
+            log.info(
+                "claim %s/%s: rebuilt %d device metadata file(s)", rec.namespace, rec.name, written
+            )
+        return written
+
+    def _tree(self) -> Iterable[Path]:
+        """Every file two levels under the claim directories (``<claim>/<request>/*``)."""
+        for claim in _listdir(self.root):
+            for request in _listdir(self.root / claim):
+                for entry in _listdir(self.root / claim / request):
+                    yield self.root / claim / request / entry
+
+
+def _listdir(directory: Path) -> list[str]:
+    try:
+        return os.listdir(directory)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
