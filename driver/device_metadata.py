@@ -66,8 +66,7 @@ class MetadataDevice:
 
 @dataclass(frozen=True)
 class RequestMetadata:
-    """The content of one request's file, apart from the claim's identity and the
-    versions (both come from the record and the configuration)."""
+    """What one request's file says, apart from the claim's identity and the versions."""
 
     request: str
     """Base request name: the directory, the CDI device name."""
@@ -77,32 +76,32 @@ class RequestMetadata:
     pod_claim_name: str = ""
     generation: int = 1
 
+
+@dataclass(frozen=True)
+class MetadataFile:
+    """One request's file as written: kept in the checkpoint (:meth:`to_dict`), so a
+    restart rewrites the very bytes the container was given, without the API server."""
+
+    request: str
+    host_path: str
+    container_path: str
+    content: bytes
+
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
+        return {
             "request": self.request,
-            "name": self.name,
-            "generation": self.generation,
-            "devices": [
-                {"pool": d.pool, "name": d.name, "attributes": d.attributes} for d in self.devices
-            ],
+            "hostPath": self.host_path,
+            "containerPath": self.container_path,
+            "content": self.content.decode(),
         }
-        if self.pod_claim_name:
-            out["podClaimName"] = self.pod_claim_name
-        return out
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> RequestMetadata:
+    def from_dict(cls, d: Mapping[str, Any]) -> MetadataFile:
         return cls(
             request=str(d["request"]),
-            name=str(d["name"]),
-            generation=int(d.get("generation", 1)),
-            pod_claim_name=str(d.get("podClaimName", "")),
-            devices=tuple(
-                MetadataDevice(
-                    pool=str(x["pool"]), name=str(x["name"]), attributes=x.get("attributes") or {}
-                )
-                for x in d.get("devices", ())
-            ),
+            host_path=str(d["hostPath"]),
+            container_path=str(d["containerPath"]),
+            content=str(d["content"]).encode(),
         )
 
 
@@ -170,9 +169,9 @@ def metadata_object(
 
 
 def encode_stream(objects: Sequence[Mapping[str, Any]]) -> bytes:
-    """The file: each object as JSON followed by a newline. Compact, not the Go writer's
+    """The file: each object as compact JSON followed by a newline. Not the Go writer's
     indentation: a reader decodes a stream of values whatever the whitespace, and the
-    C encoder is several times faster than the indenting one."""
+    indenting encoder is several times slower than the C one."""
     return "".join(json.dumps(o, separators=(",", ":")) + "\n" for o in objects).encode()
 
 
@@ -207,7 +206,12 @@ class MetadataWriter:
 
     ``enabled`` says whether prepare writes new files; whatever the flag, files that
     checkpoint records own are rebuilt at start and removed at unprepare, and files no
-    record owns are removed at start."""
+    record owns are removed at start.
+
+    Prepare renders a file from strings (each device's JSON built once per published
+    attributes, the claim's names put around it) and makes paths with string joins:
+    ``json.dumps`` of the attributes and ``pathlib`` were most of this module's share of
+    a prepare."""
 
     def __init__(
         self,
@@ -228,14 +232,18 @@ class MetadataWriter:
         self.enabled = enabled
         self.sync = sync
         self.spec_prefix = f"{driver}_{CDI_CLASS}_"
+        self._root = str(self.root)
+        self._cdi = str(self.cdi_root)
+        self._driver_json = json.dumps(driver)
+        self._device_json: dict[tuple[str, str], tuple[Mapping[str, Any], str]] = {}
 
     # -- names ------------------------------------------------------------------------
 
     def claim_dir(self, namespace: str, name: str) -> Path:
-        return self.root / f"{namespace}_{name}"
+        return Path(f"{self._root}/{namespace}_{name}")
 
-    def host_path(self, namespace: str, name: str, request: str) -> Path:
-        return self.claim_dir(namespace, name) / request / FILE_NAME
+    def host_path(self, namespace: str, name: str, request: str) -> str:
+        return f"{self._root}/{namespace}_{name}/{request}/{FILE_NAME}"
 
     def container_path(self, claim_name: str, req: RequestMetadata) -> str:
         if req.pod_claim_name:
@@ -250,8 +258,8 @@ class MetadataWriter:
     def cdi_id(self, uid: str, request: str) -> str:
         return cdi.qualified(self.kind, self.device_name(uid, request))
 
-    def spec_path(self, uid: str, request: str) -> Path:
-        return self.cdi_root / f"{self.spec_prefix}{uid}_{request}.json"
+    def spec_path(self, uid: str, request: str) -> str:
+        return f"{self._cdi}/{self.spec_prefix}{uid}_{request}.json"
 
     # -- prepare ----------------------------------------------------------------------
 
@@ -269,39 +277,97 @@ class MetadataWriter:
             out.append(dev)
         return tuple(out)
 
-    def files(
+    def render(
         self, namespace: str, name: str, uid: str, reqs: Sequence[RequestMetadata]
-    ) -> list[tuple[Path, bytes]]:
-        """(path, content) of every file the claim's metadata takes, each metadata file
-        before the CDI spec that mounts it."""
+    ) -> list[MetadataFile]:
+        """Each request's file. The same text as ``encode_stream`` of
+        :func:`metadata_object` per version (tests/test_device_metadata.py holds them
+        equal), put together from strings."""
         out = []
+        ident = (
+            f'"metadata":{{"name":{json.dumps(name)},"namespace":{json.dumps(namespace)},'
+            f'"uid":{json.dumps(uid)},"generation":'
+        )
         for req in reqs:
-            host = self.host_path(namespace, name, req.request)
-            objects = [
-                metadata_object(self.driver, namespace, name, uid, req, v) for v in self.versions
-            ]
-            out.append((host, encode_stream(objects)))
-            spec = cdi.build_spec(
-                self.kind,
+            cdi.check_device_name(self.device_name(uid, req.request))
+            devices = ",".join(self._device(d) for d in req.devices)
+            pod = f',"podClaimName":{json.dumps(req.pod_claim_name)}' if req.pod_claim_name else ""
+            body = (
+                f"{ident}{int(req.generation)}}}{pod},"
+                f'"requests":[{{"name":{json.dumps(req.name)},"devices":[{devices}]}}]}}\n'
+            )
+            text = "".join(
+                f'{{"kind":"{KIND}","apiVersion":"{GROUP}/{v}",{body}' for v in self.versions
+            )
+            out.append(
+                MetadataFile(
+                    request=req.request,
+                    host_path=self.host_path(namespace, name, req.request),
+                    container_path=self.container_path(name, req),
+                    content=text.encode(),
+                )
+            )
+        return out
+
+    def _device(self, d: MetadataDevice) -> str:
+        """One device's JSON, cached while its published attributes are the same object
+        (one snapshot): rendering the attributes was the largest cost of a file."""
+        key = (d.pool, d.name)
+        hit = self._device_json.get(key)
+        if hit is not None and hit[0] is d.attributes:
+            return hit[1]
+        text = (
+            f'{{"driver":{self._driver_json},"pool":{json.dumps(d.pool)},'
+            f'"name":{json.dumps(d.name)}'
+        )
+        if d.attributes:
+            # Sorted, as Go's encoder writes a map: the same bytes for the same attributes
+            # in any order.
+            attrs = json.dumps(d.attributes, sort_keys=True, separators=(",", ":"))
+            text += f',"attributes":{attrs}'
+        text += "}"
+        if len(self._device_json) >= _DEVICE_CACHE_MAX:
+            self._device_json.clear()
+        self._device_json[key] = (d.attributes, text)
+        return text
+
+    def spec_bytes(self, uid: str, f: MetadataFile) -> bytes:
+        """The CDI spec that mounts ``f`` read-only (cdiVersion: the minimum its device
+        name needs, cdi.md section 4)."""
+        device = self.device_name(uid, f.request)
+        spec = {
+            "cdiVersion": "0.5.0" if device[:1].isdigit() else "0.3.0",
+            "kind": self.kind,
+            "devices": [
                 {
-                    self.device_name(uid, req.request): {
+                    "name": device,
+                    "containerEdits": {
                         "mounts": [
                             {
-                                "hostPath": str(host),
-                                "containerPath": self.container_path(name, req),
+                                "hostPath": f.host_path,
+                                "containerPath": f.container_path,
                                 "options": ["ro", "nosuid", "nodev", "bind"],
                             }
                         ]
-                    }
-                },
-            )
-            out.append((self.spec_path(uid, req.request), json.dumps(spec).encode() + b"\n"))
+                    },
+                }
+            ],
+        }
+        return json.dumps(spec).encode() + b"\n"
+
+    def writes(self, uid: str, files: Sequence[MetadataFile]) -> list[tuple[Path, bytes]]:
+        """(path, content) to write, each metadata file before the spec that mounts it."""
+        out = []
+        for f in files:
+            out.append((Path(f.host_path), f.content))
+            out.append((Path(self.spec_path(uid, f.request)), self.spec_bytes(uid, f)))
         return out
 
     def write(self, files: Iterable[tuple[Path, bytes]]) -> None:
         for path, data in files:
-            if path.parent != self.cdi_root:
-                os.makedirs(path.parent, mode=DIR_MODE, exist_ok=True)
+            directory = os.path.dirname(path)
+            if directory != self._cdi:
+                _mkdirs(directory)
             write_atomic(path, data, mode=FILE_MODE, sync=self.sync)
 
     # -- unprepare --------------------------------------------------------------------
@@ -317,15 +383,29 @@ class MetadataWriter:
         paths += [claim_dir / r / FILE_NAME for r in _listdir(claim_dir)]
         return paths
 
-    def prune(self, removed: Iterable[Path]) -> None:
-        """Remove the request and claim directories left empty by ``removed``."""
-        dirs = {p.parent for p in removed if self.root in p.parents}
-        for d in sorted(dirs | {d.parent for d in dirs}, key=lambda d: -len(d.parts)):
-            if d != self.root and self.root in d.parents:
-                try:
-                    d.rmdir()
-                except OSError:  # not empty (another request, another claim), or gone
-                    pass
+    def prune(self, removed: Iterable[str | os.PathLike[str]]) -> None:
+        """Remove the request and claim directories left empty by ``removed``, and the
+        metadata directory itself once no claim has one: an uninstall that follows the
+        last unprepare leaves nothing of it (prepare makes it again)."""
+        prefix = self._root + "/"
+        dirs: set[str] = set()
+        for p in removed:
+            text = os.fspath(p)
+            if text.startswith(prefix) and text.count("/", len(prefix)) == 2:
+                request_dir = os.path.dirname(text)
+                dirs.add(request_dir)
+                dirs.add(os.path.dirname(request_dir))
+        if not dirs:
+            return
+        for d in sorted(dirs, key=len, reverse=True):
+            try:
+                os.rmdir(d)
+            except OSError:  # not empty (another request, another claim), or gone
+                pass
+        try:
+            os.rmdir(self._root)
+        except OSError:
+            pass
 
     # -- start ------------------------------------------------------------------------
 
@@ -361,13 +441,18 @@ class MetadataWriter:
     def rebuild(self, rec: ClaimRecord) -> int:
         """Rewrite the record's metadata files and specs that are missing or differ from
         what the checkpoint says; how many were written."""
-        reqs = [RequestMetadata.from_dict(d) for d in rec.metadata]
+        try:
+            files = [MetadataFile.from_dict(d) for d in rec.metadata]
+        except (KeyError, TypeError, ValueError) as exc:
+            log.error(
+                "claim %s/%s: unreadable device metadata record: %s", rec.namespace, rec.name, exc
+            )
+            return 0
         written = 0
-        for path, data in self.files(rec.namespace, rec.name, rec.uid, reqs):
+        for path, data in self.writes(rec.uid, files):
             if str(path) not in rec.files:
                 log.warning(
-                    "claim %s/%s: device metadata %s is not where it was prepared "
-                    "(plugin or CDI directory changed?); left as it is",
+                    "claim %s/%s: device metadata %s is not among the claim's files; left alone",
                     rec.namespace,
                     rec.name,
                     path,
@@ -382,7 +467,10 @@ class MetadataWriter:
             written += 1
         if written:
             log.info(
-                "claim %s/%s: rebuilt %d device metadata file(s)", rec.namespace, rec.name, written
+                "claim %s/%s: rebuilt %d device metadata file(s) from the checkpoint",
+                rec.namespace,
+                rec.name,
+                written,
             )
         return written
 
@@ -392,6 +480,19 @@ class MetadataWriter:
             for request in _listdir(self.root / claim):
                 for entry in _listdir(self.root / claim / request):
                     yield self.root / claim / request / entry
+
+
+_DEVICE_CACHE_MAX = 4096
+
+
+def _mkdirs(directory: str) -> None:
+    """``mkdir -p`` with mode 0755; one syscall when the directory is there."""
+    try:
+        os.mkdir(directory, DIR_MODE)
+    except FileExistsError:
+        pass
+    except FileNotFoundError:
+        os.makedirs(directory, DIR_MODE, exist_ok=True)
 
 
 def _listdir(directory: Path) -> list[str]:

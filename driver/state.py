@@ -356,15 +356,15 @@ class DriverState:
         attributes = {n: by_name[n].get("attributes") or {} for n in seen}
         reqs = group_requests(claim, results, attributes)
         try:
-            files = meta.files(ref.namespace, ref.name, ref.uid, reqs)
+            files = meta.render(ref.namespace, ref.name, ref.uid, reqs)
         except ValueError as exc:  # a name CDI refuses
             raise ClaimError(f"device metadata: {exc}") from None
         return _Plan(
             devices=meta.with_ids(ref.uid, reqs, devices),
             spec=spec,
             topo_xml=topo_xml,
-            metadata=tuple(r.to_dict() for r in reqs),
-            metadata_files=tuple(files),
+            metadata=tuple(f.to_dict() for f in files),
+            metadata_files=tuple(meta.writes(ref.uid, files)),
         )
 
     def _topology(self, snap: Snapshot, gpus: list[Gpu], nics: list[Nic], ref: ClaimRef) -> str:

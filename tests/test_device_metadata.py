@@ -21,6 +21,9 @@ from driver.device_metadata import (
     POD_CLAIM_NAME_ANNOTATION,
     MetadataWriter,
     decode_stream,
+    encode_stream,
+    group_requests,
+    metadata_object,
 )
 from driver.state import ClaimRef, DriverState
 from normalize.options import NormalizeOptions
@@ -209,7 +212,7 @@ def test_unprepare_removes_files_and_directories(tmp_path: Path, reader: FakeCla
     assert host_file(tmp_path, "ml", "b", "req").exists()  # the other claim's stay
     assert state.unprepare([ref(b)]) == {"b-uid": ""}
     assert tree(tmp_path) == []
-    assert sorted(os.listdir(meta_dir(tmp_path))) == []
+    assert not meta_dir(tmp_path).exists()  # nothing left for an uninstall to leave
 
 
 def test_unprepare_without_a_record_removes_by_name(tmp_path: Path, reader: FakeClaims) -> None:
@@ -225,7 +228,7 @@ def test_unprepare_without_a_record_removes_by_name(tmp_path: Path, reader: Fake
     assert [p for p in tree(tmp_path) if "metadata" in p] == files
     assert state.unprepare([ref(c)]) == {UID: ""}
     assert [p for p in tree(tmp_path) if "metadata" in p] == []
-    assert os.listdir(meta_dir(tmp_path)) == []
+    assert not meta_dir(tmp_path).exists()
 
 
 def test_same_named_replacement_keeps_its_file(tmp_path: Path, reader: FakeClaims) -> None:
@@ -312,7 +315,10 @@ def test_checkpoint_records_metadata_and_old_records_load(
     claims, status = load_checkpoint(tmp_path / "state" / "checkpoint.json", "boot-1")
     assert status == "ok"
     (rec_meta,) = claims[UID].metadata
-    assert rec_meta["request"] == "req" and rec_meta["generation"] == 1
+    assert rec_meta["request"] == "req"
+    path = host_file(tmp_path, "ml", "a", "req")
+    assert rec_meta["hostPath"] == str(path)
+    assert rec_meta["content"].encode() == path.read_bytes()  # what the rebuild writes
     # A record written before this field existed has no "metadata" key, and one without
     # metadata is written exactly as before.
     old = ClaimRecord(uid="u", namespace="n", name="x", state="PrepareCompleted")
@@ -356,3 +362,21 @@ def test_flags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DEVICE_METADATA_VERSIONS", "v1beta1")
     cfg = config(tmp_path, [])
     assert cfg.device_metadata is False and cfg.device_metadata_versions == ("v1beta1",)
+
+
+@pytest.mark.parametrize("versions", [("v1alpha1",), ("v1beta1", "v1alpha1")])
+def test_rendered_text_is_the_json_of_the_objects(versions: tuple[str, ...]) -> None:
+    """The writer puts the file together from strings, for speed: it must be exactly the
+    compact JSON of the objects (names that need escaping included)."""
+    g = device_names(snapshot(), "gpu-")[:2] + device_names(snapshot(), "cpu-")[:1]
+    c = claim(UID, g, name='we"ird\\name', namespace="ml", request="gpus/four")
+    c["metadata"]["annotations"] = {POD_CLAIM_NAME_ANNOTATION: "gpus"}
+    results = c["status"]["allocation"]["devices"]["results"]
+    reqs = group_requests(c, results, {n: published(n) for n in g})
+    writer = MetadataWriter(DRIVER, "/p", "/c", versions=versions)
+    (f,) = writer.render("ml", c["metadata"]["name"], UID, reqs)
+    want = encode_stream(
+        [metadata_object(DRIVER, "ml", c["metadata"]["name"], UID, reqs[0], v) for v in versions]
+    )
+    assert f.content == want
+    assert writer.render("ml", c["metadata"]["name"], UID, reqs)[0].content == want  # cached
