@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -76,33 +76,57 @@ class RequestMetadata:
     pod_claim_name: str = ""
     generation: int = 1
 
+    def to_dict(self) -> dict[str, Any]:
+        """The checkpoint's entry: what the claim's record does not already say (its
+        devices, with their request, are in the record). Not the attributes: they are
+        the node's published ones, and kept per claim they made every checkpoint write
+        grow by a kilobyte per device."""
+        out: dict[str, Any] = {"request": self.request, "name": self.name}
+        if self.pod_claim_name:
+            out["podClaimName"] = self.pod_claim_name
+        if self.generation != 1:
+            out["generation"] = self.generation
+        return out
+
+    @classmethod
+    def from_record(
+        cls,
+        entry: Mapping[str, Any],
+        devices: Iterable[PreparedDevice],
+        attributes: Callable[[str], Mapping[str, Any] | None],
+    ) -> tuple[RequestMetadata, bool]:
+        """The request of a checkpoint entry, its devices those of the record filed under
+        it, with their attributes as ``attributes`` (the current snapshot) has them; and
+        whether every device was found there."""
+        request = str(entry["request"])
+        found = True
+        devs = []
+        for d in devices:
+            if (d.request_names or ("",))[0] != request:
+                continue
+            attrs = attributes(d.device)
+            found = found and attrs is not None
+            devs.append(MetadataDevice(pool=d.pool, name=d.device, attributes=attrs or {}))
+        return (
+            cls(
+                request=request,
+                name=str(entry.get("name", request)),
+                devices=tuple(devs),
+                pod_claim_name=str(entry.get("podClaimName", "")),
+                generation=int(entry.get("generation", 1)),
+            ),
+            found,
+        )
+
 
 @dataclass(frozen=True)
 class MetadataFile:
-    """One request's file as written: kept in the checkpoint (:meth:`to_dict`), so a
-    restart rewrites the very bytes the container was given, without the API server."""
+    """One request's file as written."""
 
     request: str
     host_path: str
     container_path: str
     content: bytes
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "request": self.request,
-            "hostPath": self.host_path,
-            "containerPath": self.container_path,
-            "content": self.content.decode(),
-        }
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> MetadataFile:
-        return cls(
-            request=str(d["request"]),
-            host_path=str(d["hostPath"]),
-            container_path=str(d["containerPath"]),
-            content=str(d["content"]).encode(),
-        )
 
 
 def base_request(request: str) -> str:
@@ -409,7 +433,13 @@ class MetadataWriter:
 
     # -- start ------------------------------------------------------------------------
 
-    def reconcile(self, records: Mapping[str, ClaimRecord], *, keep_orphans: bool) -> None:
+    def reconcile(
+        self,
+        records: Mapping[str, ClaimRecord],
+        attributes: Callable[[str], Mapping[str, Any] | None],
+        *,
+        keep_orphans: bool,
+    ) -> None:
         """At start: remove temp files, then (unless ``keep_orphans``: the checkpoint was
         corrupt) every metadata file and spec no record owns, then rewrite from the
         checkpoint each completed claim's files that are missing or differ."""
@@ -436,35 +466,45 @@ class MetadataWriter:
             self.prune(p for p in tree if not p.exists())
         for rec in records.values():
             if rec.state == "PrepareCompleted" and rec.metadata:
-                self.rebuild(rec)
+                self.rebuild(rec, attributes)
 
-    def rebuild(self, rec: ClaimRecord) -> int:
+    def rebuild(
+        self, rec: ClaimRecord, attributes: Callable[[str], Mapping[str, Any] | None]
+    ) -> int:
         """Rewrite the record's metadata files and specs that are missing or differ from
-        what the checkpoint says; how many were written."""
-        try:
-            files = [MetadataFile.from_dict(d) for d in rec.metadata]
-        except (KeyError, TypeError, ValueError) as exc:
-            log.error(
-                "claim %s/%s: unreadable device metadata record: %s", rec.namespace, rec.name, exc
-            )
-            return 0
+        what the checkpoint and the published attributes say; how many were written. A
+        request with a device no longer published keeps its file (identity only if the
+        file is gone)."""
         written = 0
-        for path, data in self.writes(rec.uid, files):
-            if str(path) not in rec.files:
-                log.warning(
-                    "claim %s/%s: device metadata %s is not among the claim's files; left alone",
+        for entry in rec.metadata:
+            try:
+                req, complete = RequestMetadata.from_record(entry, rec.devices, attributes)
+                (f,) = self.render(rec.namespace, rec.name, rec.uid, [req])
+            except (KeyError, TypeError, ValueError) as exc:
+                log.error(
+                    "claim %s/%s: unreadable device metadata record: %s",
                     rec.namespace,
                     rec.name,
-                    path,
+                    exc,
                 )
                 continue
-            try:
-                if path.read_bytes() == data:
+            for path, data in self.writes(rec.uid, [f]):
+                if str(path) not in rec.files:
+                    log.warning(
+                        "claim %s/%s: device metadata %s is not among the claim's files "
+                        "(plugin or CDI directory changed?); left alone",
+                        rec.namespace,
+                        rec.name,
+                        path,
+                    )
                     continue
-            except OSError:
-                pass
-            self.write([(path, data)])
-            written += 1
+                try:
+                    if path.read_bytes() == data or not complete:
+                        continue
+                except OSError:
+                    pass
+                self.write([(path, data)])
+                written += 1
         if written:
             log.info(
                 "claim %s/%s: rebuilt %d device metadata file(s) from the checkpoint",

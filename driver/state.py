@@ -363,7 +363,7 @@ class DriverState:
             devices=meta.with_ids(ref.uid, reqs, devices),
             spec=spec,
             topo_xml=topo_xml,
-            metadata=tuple(f.to_dict() for f in files),
+            metadata=tuple(r.to_dict() for r in reqs),
             metadata_files=tuple(meta.writes(ref.uid, files)),
         )
 
@@ -383,6 +383,14 @@ class DriverState:
                 texts[key] = text
         slot = f"name={quoteattr(_TOPO_NAME_SLOT)}"
         return text.replace(slot, f"name={quoteattr(f'claim-{ref.uid}')}", 1)
+
+    def _published_attributes(self, device: str) -> dict[str, Any] | None:
+        """A device's attributes in the current snapshot (None: not published)."""
+        snap = self.snapshot_fn()
+        if snap is None:
+            return None
+        found = self._lookups(snap)[0].get(device)
+        return None if found is None else found.get("attributes") or {}
 
     def _node_exists(self, path: str) -> bool:
         return os.path.exists(self.dev_root / path.lstrip("/"))
@@ -542,7 +550,9 @@ class DriverState:
                 if entry.startswith(temp_prefix) and entry.endswith(TEMP_SUFFIX):
                     remove_quiet(directory / entry)
         if self.metadata is not None:
-            self.metadata.reconcile(self._claims, keep_orphans=self.load_status == "corrupt")
+            self.metadata.reconcile(
+                self._claims, self._published_attributes, keep_orphans=self.load_status == "corrupt"
+            )
         if self.load_status == "corrupt":
             self._save(self._claims)
             return

@@ -5,6 +5,7 @@ that mounts them, atomic writes, removal, rebuild from the checkpoint, and the f
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -27,6 +28,7 @@ from driver.device_metadata import (
 )
 from driver.state import ClaimRef, DriverState
 from normalize.options import NormalizeOptions
+from normalize.snapshot import Snapshot
 from tests.driver_support import DRIVER, NODE, FakeClaims, claim, device_names, snapshot
 
 REPO = Path(__file__).resolve().parent.parent
@@ -46,12 +48,13 @@ def make(
     versions: tuple[str, ...] = ("v1alpha1",),
     enabled: bool = True,
     fail_at: str = "",
+    snap: Snapshot | None = None,
 ) -> DriverState:
     """DriverState on the fake DGX with its metadata writer under ``tmp/plugins``."""
     root = tmp / "root"
     (root / "proc/sys/kernel/random").mkdir(parents=True, exist_ok=True)
     (root / "proc/sys/kernel/random/boot_id").write_text("boot-1\n")
-    snap = snapshot()
+    snap = snap or snapshot()
 
     def fail_point(step: str) -> None:
         if step == fail_at:
@@ -272,6 +275,26 @@ def test_restart_rebuilds_from_the_checkpoint_without_the_api(
     assert again.devices[0].cdi_ids[-1] == f"{DRIVER}/metadata={UID}_req"
 
 
+def test_rebuild_without_the_device_in_the_snapshot(tmp_path: Path, reader: FakeClaims) -> None:
+    """The attributes come from the published devices: a device gone from them since
+    (the restart found other hardware) leaves an existing file as it is, and a missing
+    file is written with the device's identity only."""
+    g = device_names(snapshot(), "gpu-")[:1]
+    c = reader.add(claim(UID, g, name="a", namespace="ml"))
+    make(tmp_path, reader).prepare([ref(c)])
+    path = host_file(tmp_path, "ml", "a", "req")
+    written = path.read_bytes()
+    without = dataclasses.replace(
+        snapshot(), devices=tuple(d for d in snapshot().devices if d["name"] != g[0])
+    )
+    make(tmp_path, reader, snap=without)
+    assert path.read_bytes() == written
+    path.unlink()
+    make(tmp_path, reader, snap=without)
+    (obj,) = objects(path)
+    assert obj["requests"][0]["devices"] == [{"driver": DRIVER, "pool": NODE, "name": g[0]}]
+
+
 def test_kill_after_files_before_checkpoint_leaves_nothing(
     tmp_path: Path, reader: FakeClaims
 ) -> None:
@@ -314,11 +337,9 @@ def test_checkpoint_records_metadata_and_old_records_load(
     make(tmp_path, reader).prepare([ref(c)])
     claims, status = load_checkpoint(tmp_path / "state" / "checkpoint.json", "boot-1")
     assert status == "ok"
-    (rec_meta,) = claims[UID].metadata
-    assert rec_meta["request"] == "req"
-    path = host_file(tmp_path, "ml", "a", "req")
-    assert rec_meta["hostPath"] == str(path)
-    assert rec_meta["content"].encode() == path.read_bytes()  # what the rebuild writes
+    assert claims[UID].metadata == ({"request": "req", "name": "req"},)
+    # The attributes are the node's, not the claim's: not copied into every record.
+    assert b"pciBusID" not in (tmp_path / "state" / "checkpoint.json").read_bytes()
     # A record written before this field existed has no "metadata" key, and one without
     # metadata is written exactly as before.
     old = ClaimRecord(uid="u", namespace="n", name="x", state="PrepareCompleted")
