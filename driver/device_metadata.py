@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -260,6 +261,10 @@ class MetadataWriter:
         self._cdi = str(self.cdi_root)
         self._driver_json = json.dumps(driver)
         self._device_json: dict[tuple[str, str], tuple[Mapping[str, Any], str]] = {}
+        self._dirs = threading.Lock()
+        """Creating a claim's directories and removing the emptied metadata directory
+        take turns: between making ``dra-device-metadata/`` and the claim's directory in
+        it, another claim's unprepare would otherwise find it empty and remove it."""
 
     # -- names ------------------------------------------------------------------------
 
@@ -391,7 +396,8 @@ class MetadataWriter:
         for path, data in files:
             directory = os.path.dirname(path)
             if directory != self._cdi:
-                _mkdirs(directory)
+                with self._dirs:
+                    _mkdirs(directory)
             write_atomic(path, data, mode=FILE_MODE, sync=self.sync)
 
     # -- unprepare --------------------------------------------------------------------
@@ -421,15 +427,16 @@ class MetadataWriter:
                 dirs.add(os.path.dirname(request_dir))
         if not dirs:
             return
-        for d in sorted(dirs, key=len, reverse=True):
+        with self._dirs:
+            for d in sorted(dirs, key=len, reverse=True):
+                try:
+                    os.rmdir(d)
+                except OSError:  # not empty (another request, another claim), or gone
+                    pass
             try:
-                os.rmdir(d)
-            except OSError:  # not empty (another request, another claim), or gone
+                os.rmdir(self._root)
+            except OSError:
                 pass
-        try:
-            os.rmdir(self._root)
-        except OSError:
-            pass
 
     # -- start ------------------------------------------------------------------------
 

@@ -401,3 +401,64 @@ def test_rendered_text_is_the_json_of_the_objects(versions: tuple[str, ...]) -> 
     )
     assert f.content == want
     assert writer.render("ml", c["metadata"]["name"], UID, reqs)[0].content == want  # cached
+
+
+def test_concurrent_prepares_and_unprepares(tmp_path: Path, reader: FakeClaims) -> None:
+    """Claims coming and going at once (16 kubelet callers): one claim's unprepare
+    removing the emptied metadata directory must not pull it from under another claim's
+    prepare that is making its directories in it."""
+    import threading
+
+    state = make(tmp_path, reader)
+    names = device_names(snapshot(), "gpu-") + device_names(snapshot(), "cpu-")
+    errors: list[str] = []
+
+    def worker(k: int) -> None:
+        device = names[k % len(names)]
+        for i in range(20):
+            c = reader.add(claim(f"u-{k}-{i}", [device], name=f"c-{k}-{i}", namespace="ml"))
+            res = state.prepare([ref(c)])[f"u-{k}-{i}"]
+            if res.error:
+                errors.append(res.error)
+            if state.unprepare([ref(c)])[f"u-{k}-{i}"]:
+                errors.append("unprepare")
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(len(names))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert tree(tmp_path) == [] and not meta_dir(tmp_path).exists()
+
+
+def test_unprepare_waits_for_a_prepare_making_its_directories(
+    tmp_path: Path, reader: FakeClaims, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The race itself, made to happen: right after a prepare has made the metadata
+    directory (and before its claim's directory in it), another claim's unprepare tries
+    to remove the emptied metadata directory. It has to wait; without the lock the
+    prepare failed with FileNotFoundError (seen at 16 callers in bench/kube_api.py)."""
+    import threading
+    import time
+
+    g = device_names(snapshot(), "gpu-")
+    state = make(tmp_path, reader)
+    assert state.metadata is not None
+    other = host_file(tmp_path, "ml", "gone", "req")
+    real_mkdir = os.mkdir
+    pruners: list[threading.Thread] = []
+
+    def mkdir(path: Any, mode: int = 0o777, **kw: Any) -> None:
+        real_mkdir(path, mode, **kw)
+        if Path(path) == meta_dir(tmp_path) and not pruners:
+            pruner = threading.Thread(target=state.metadata.prune, args=([other],))
+            pruners.append(pruner)
+            pruner.start()
+            time.sleep(0.1)  # the unprepare's turn
+
+    monkeypatch.setattr(os, "mkdir", mkdir)
+    c = reader.add(claim(UID, g[:1], name="a", namespace="ml"))
+    assert state.prepare([ref(c)])[UID].error == ""
+    pruners[0].join(5)
+    objects(host_file(tmp_path, "ml", "a", "req"))
