@@ -177,6 +177,13 @@ def prepare_latency(
     kubelets = [NodeClient(drv.endpoint) for drv in targets]
 
     def caller(c: int) -> None:
+        try:
+            timed(c)
+        except BaseException:
+            barrier.abort()  # the other callers stop at their next turn instead of hanging
+            raise
+
+    def timed(c: int) -> None:
         mine_p: list[list[float]] = [[] for _ in targets]
         mine_u: list[list[float]] = [[] for _ in targets]
         for r, k0 in enumerate(range(0, steps, chunk)):

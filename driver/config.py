@@ -57,6 +57,9 @@ class DaemonConfig:
     startup_timeout: float = 10.0
     log_format: str = "text"
     log_level: str = "info"
+    device_metadata: bool = True
+    """Write KEP-5304 device metadata files at prepare (``--device-metadata``)."""
+    device_metadata_versions: tuple[str, ...] = ("v1alpha1",)
     nrt: bool = False
     """Keep the node's NodeResourceTopology (``--nrt``)."""
     topology_manager_policy: str | None = None
@@ -219,6 +222,20 @@ def add_driver_args(p: argparse.ArgumentParser) -> None:
         "a vendor driver on the node already offers",
     )
     g.add_argument(
+        "--device-metadata",
+        action=argparse.BooleanOptionalAction,
+        default=(_env("DEVICE_METADATA", "true") or "true").lower() in ("1", "true", "yes"),
+        help="write each prepared request's KEP-5304 device metadata file and mount it "
+        "into the container ($DEVICE_METADATA; default on)",
+    )
+    g.add_argument(
+        "--device-metadata-versions",
+        default=_env("DEVICE_METADATA_VERSIONS", "v1alpha1"),
+        metavar="VERSIONS",
+        help="metadata.resource.k8s.io versions written, in this order, of v1alpha1 "
+        "(Kubernetes 1.36) and v1beta1 (1.37) (default %(default)s)",
+    )
+    g.add_argument(
         "--rediscover-interval",
         type=float,
         default=float(_env("REDISCOVER_INTERVAL", "60") or 60),
@@ -330,6 +347,17 @@ def parse_publish(text: str) -> frozenset[str]:
     return frozenset(kinds)
 
 
+def parse_metadata_versions(text: str | None) -> tuple[str, ...]:
+    from .device_metadata import DEFAULT_VERSIONS, check_versions
+
+    if text is None:
+        return DEFAULT_VERSIONS
+    try:
+        return check_versions([v.strip() for v in text.split(",") if v.strip()])
+    except ValueError as exc:
+        raise ConfigError(f"--device-metadata-versions {text!r}: {exc}") from None
+
+
 def _socket_fits(path: str, what: str) -> None:
     if len(os.fsencode(path)) >= UNIX_PATH_MAX:
         raise ConfigError(f"{what} socket path {path} is longer than {UNIX_PATH_MAX - 1} bytes")
@@ -366,6 +394,13 @@ def load_config(
         parse_http_addr(http_addr)
     publish = parse_publish(args.publish)
     spec_dirs = parse_cdi_spec_dirs(getattr(args, "cdi_spec_dirs", None), args.cdi_root)
+    metadata_versions = parse_metadata_versions(getattr(args, "device_metadata_versions", None))
+    if getattr(args, "device_metadata", True) and not driver[:1].isalpha():
+        # The driver name is the CDI vendor of the metadata specs, which starts with a letter.
+        raise ConfigError(
+            f"--device-metadata: driver name {driver!r} must start with a letter "
+            "(it is the CDI vendor of the metadata specs); or give --no-device-metadata"
+        )
     check_kubeconfig(args.kubeconfig)  # last: the other flags' errors are the likelier typo
     return DaemonConfig(
         node_name=str(args.node_name),
@@ -385,6 +420,8 @@ def load_config(
         startup_timeout=args.startup_timeout,
         log_format=args.log_format,
         log_level=args.log_level,
+        device_metadata=bool(getattr(args, "device_metadata", True)),
+        device_metadata_versions=metadata_versions,
         **_integration_config(args),
         cdi_spec_dirs=spec_dirs,
     )

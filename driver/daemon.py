@@ -286,7 +286,16 @@ class Daemon:
                 cfg.registrar_dir,
             )
         )
+        from .device_metadata import MetadataWriter
+
         try:
+            metadata = MetadataWriter(
+                cfg.driver_name,
+                cfg.plugins_dir,
+                cfg.cdi_root,
+                versions=cfg.device_metadata_versions,
+                enabled=cfg.device_metadata,
+            )
             self.state = DriverState(
                 cfg.driver_name,
                 cfg.node_name,
@@ -296,6 +305,7 @@ class Daemon:
                 self.claim_reader,
                 self.snapshot,
                 vendor_cdi=self._vendor_cdi(),
+                metadata=metadata,
             )
             self.dra = start_dra_server(
                 cfg.plugins_dir, self.state, self.health_monitor, snapshot_fn=self.snapshot

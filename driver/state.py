@@ -55,6 +55,7 @@ from .container_edits import (
     gpu_edits,
     nic_edits,
 )
+from .device_metadata import MetadataWriter, group_requests
 from .interfaces import ClaimNotFound, ClaimReader
 from .nccl_topo import build_topology
 from .vendor_cdi import VendorCdi
@@ -100,6 +101,9 @@ class _Plan:
     devices: tuple[PreparedDevice, ...]
     spec: dict[str, Any] | None
     topo_xml: str | None
+    metadata: tuple[dict[str, Any], ...] = ()
+    """What each request's device metadata file says (checkpointed)."""
+    metadata_files: tuple[tuple[Path, bytes], ...] = ()
 
 
 class DriverState:
@@ -120,6 +124,7 @@ class DriverState:
         sync: bool | None = None,
         sync_checkpoint: bool = True,
         vendor_cdi: VendorCdi | None = None,
+        metadata: MetadataWriter | None = None,
     ) -> None:
         self.driver = driver_name
         self.pool = node_name
@@ -146,6 +151,10 @@ class DriverState:
         self.sync_checkpoint = sync_checkpoint
         self.vendor_cdi = vendor_cdi
         """The GPU vendor's CDI devices put first in each GPU's ids (driver/vendor_cdi.py)."""
+        self.metadata = metadata
+        """KEP-5304 device metadata files (driver/device_metadata.py); None: none."""
+        if metadata is not None:
+            metadata.sync = self.sync
         self._lock = threading.Lock()
         """Guards ``_claims`` and ``_version`` (held briefly, never across I/O)."""
         self._flush_lock = threading.Lock()
@@ -240,6 +249,7 @@ class DriverState:
                     files.append(str(self.topo_path(ref.uid)))
                 if plan.spec is not None:
                     files.append(str(self.spec_path(ref.uid)))
+                files += [str(p) for p, _ in plan.metadata_files]
                 intent = ClaimRecord(
                     uid=ref.uid,
                     namespace=ref.namespace,
@@ -247,6 +257,7 @@ class DriverState:
                     state="PrepareStarted",
                     devices=plan.devices,
                     files=tuple(files),
+                    metadata=plan.metadata,
                 )
                 self._reserve(intent)
             except ClaimError:
@@ -265,6 +276,9 @@ class DriverState:
                 if plan.spec is not None:
                     cdi.write_spec(self.spec_path(ref.uid), plan.spec, sync=self.sync)
                 self._fail("spec")
+                if self.metadata is not None and plan.metadata_files:
+                    self.metadata.write(plan.metadata_files)
+                self._fail("metadata")
                 self._put(replace(intent, state="PrepareCompleted"))
             except Exception:
                 self._undo(intent)
@@ -343,7 +357,23 @@ class DriverState:
             spec = cdi.build_spec(self.kind, edits, common, notes)
         except ValueError as exc:
             raise ClaimError(str(exc)) from None
-        return _Plan(devices=tuple(prepared), spec=spec, topo_xml=topo_xml)
+        devices = tuple(prepared)
+        meta = self.metadata
+        if meta is None or not meta.enabled:
+            return _Plan(devices=devices, spec=spec, topo_xml=topo_xml)
+        attributes = {n: by_name[n].get("attributes") or {} for n in seen}
+        reqs = group_requests(claim, results, attributes)
+        try:
+            files = meta.render(ref.namespace, ref.name, ref.uid, reqs)
+        except ValueError as exc:  # a name CDI refuses
+            raise ClaimError(f"device metadata: {exc}") from None
+        return _Plan(
+            devices=meta.with_ids(ref.uid, reqs, devices),
+            spec=spec,
+            topo_xml=topo_xml,
+            metadata=tuple(r.to_dict() for r in reqs),
+            metadata_files=tuple(meta.writes(ref.uid, files)),
+        )
 
     def _topology(self, snap: Snapshot, gpus: list[Gpu], nics: list[Nic], ref: ClaimRef) -> str:
         """The claim's NCCL topology file: built once per snapshot and set of devices with a
@@ -369,6 +399,14 @@ class DriverState:
         if not ids or self.vendor_cdi is None:
             return True
         return all(self.vendor_cdi.resolves(i) for i in ids)
+
+    def _published_attributes(self, device: str) -> dict[str, Any] | None:
+        """A device's attributes in the current snapshot (None: not published)."""
+        snap = self.snapshot_fn()
+        if snap is None:
+            return None
+        found = self._lookups(snap)[0].get(device)
+        return None if found is None else found.get("attributes") or {}
 
     def _node_exists(self, path: str) -> bool:
         return os.path.exists(self.dev_root / path.lstrip("/"))
@@ -432,16 +470,30 @@ class DriverState:
             if rec is None:
                 # Not recorded (never prepared, already unprepared, or a lost checkpoint):
                 # still remove files under this claim's names.
-                for p in self._owned_paths(ref.uid):
+                paths = self._owned_paths(ref.uid)
+                if self.metadata is not None:
+                    taken = {f for r in self._claims.values() for f in r.files}
+                    found = self.metadata.owned_paths(ref.namespace, ref.name, ref.uid)
+                    paths += [p for p in found if str(p) not in taken]
+                for p in paths:
                     remove_quiet(p)
+                if self.metadata is not None:
+                    self.metadata.prune(paths)
                 return
             self._undo(rec)
 
     def _undo(self, rec: ClaimRecord) -> None:
         """Remove the claim's files, then its record. Interrupted in between, the record
         stays: unprepare removes the files again, prepare sees them missing and redoes."""
-        for p in {*map(Path, rec.files), *self._owned_paths(rec.uid)}:
-            remove_quiet(p)
+        # A same-named claim prepared meanwhile shares the metadata path (it is keyed by
+        # namespace and name): its files stay.
+        taken = {f for r in self._claims.values() if r.uid != rec.uid for f in r.files}
+        paths = {*map(Path, rec.files), *self._owned_paths(rec.uid)}
+        for p in paths:
+            if str(p) not in taken:
+                remove_quiet(p)
+        if self.metadata is not None:
+            self.metadata.prune(paths)
         self._fail("unprepare-files")
         self._drop(rec.uid)
 
@@ -513,6 +565,10 @@ class DriverState:
             for entry in _listdir(directory):
                 if entry.startswith(temp_prefix) and entry.endswith(TEMP_SUFFIX):
                     remove_quiet(directory / entry)
+        if self.metadata is not None:
+            self.metadata.reconcile(
+                self._claims, self._published_attributes, keep_orphans=self.load_status == "corrupt"
+            )
         if self.load_status == "corrupt":
             self._save(self._claims)
             return

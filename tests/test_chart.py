@@ -145,6 +145,7 @@ def test_all_options_render_the_optional_objects() -> None:
     ("values", "where", "what"),
     [
         ({"publish": ["gpu", "tpu"]}, "/publish/1", "must be one of"),
+        ({"deviceMetadata": {"versions": ["v2"]}}, "/deviceMetadata/versions/0", "must be one of"),
         ({"logging": {"level": "loud"}}, "/logging/level", "must be one of"),
         ({"driverName": "Bad_Driver"}, "/driverName", "does not match pattern"),
         ({"http": {"port": 70000}}, "/http/port", "maximum"),
@@ -288,6 +289,25 @@ def test_daemonset_command_line_is_a_valid_toposlice_run(variant: str) -> None:
     assert cfg.publish == frozenset(values.get("publish", ["gpu", "nic", "cpu"]))
     assert cfg.log_format == "json"
     assert cfg.live is not bool(values.get("fake"))
+
+
+@pytest.mark.parametrize(
+    ("values", "enabled", "versions"),
+    [
+        ({}, True, ("v1alpha1",)),
+        ({"deviceMetadata": {"enabled": False}}, False, ("v1alpha1",)),
+        ({"deviceMetadata": {"versions": ["v1beta1", "v1alpha1"]}}, True, ("v1beta1", "v1alpha1")),
+    ],
+)
+def test_device_metadata_values_reach_the_driver(
+    values: dict[str, Any], enabled: bool, versions: tuple[str, ...]
+) -> None:
+    """KEP-5304 files, on by default; their host directory is under the plugin directory,
+    which is mounted at its host path (the CDI mount's hostPath is resolved on the host)."""
+    spec = node_plugin(render(values))
+    cfg = run_config(spec)
+    assert (cfg.device_metadata, cfg.device_metadata_versions) == (enabled, versions)
+    assert mounts(spec)[cfg.plugins_dir] == (cfg.plugins_dir, False)
 
 
 @pytest.mark.parametrize("variant", ["default", "fake", "all-options", "nvml-driver-root"])
