@@ -160,9 +160,9 @@ class _Builder:
                 f"{MAX_STRING}-character limit",
                 published,
             )
-            if kept:
-                self.attrs[flag] = a_bool(True)
         self.put(key, a_string(",".join(kept)))
+        if kept and len(kept) < len(values):
+            self.attrs[flag] = a_bool(True)
 
     def device_dict(self, capacity: dict[str, Any]) -> Device:
         dev: Device = {"name": self.device, "attributes": self._fit(capacity)}
