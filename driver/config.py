@@ -17,13 +17,13 @@ from typing import TypedDict
 from normalize.options import NormalizeOptions
 from normalize.validation import driver_name_errors, is_dns_subdomain
 
+from .logs import add_log_args
+
 DEFAULT_DRIVER = "toposlice.dev"
 DEFAULT_REGISTRAR_DIR = "/var/lib/kubelet/plugins_registry"
 DEFAULT_PLUGINS_PARENT = "/var/lib/kubelet/plugins"
 DEFAULT_CDI_ROOT = "/var/run/cdi"
 KINDS = ("gpu", "nic", "cpu")
-LOG_FORMATS = ("text", "json")
-LOG_LEVELS = ("debug", "info", "warning", "error")
 UNIX_PATH_MAX = 108
 
 
@@ -257,18 +257,7 @@ def add_driver_args(p: argparse.ArgumentParser) -> None:
         help="keep trying to reach the API server and find the Node this long at start, "
         "then exit 1 (default %(default)s; 0 = one try)",
     )
-    g.add_argument(
-        "--log-format",
-        choices=LOG_FORMATS,
-        default=_env("LOG_FORMAT", "text"),
-        help="log lines as text or JSON ($LOG_FORMAT; default %(default)s)",
-    )
-    g.add_argument(
-        "--log-level",
-        choices=LOG_LEVELS,
-        default=(_env("LOG_LEVEL", "info") or "info").lower(),
-        help="($LOG_LEVEL; default %(default)s)",
-    )
+    add_log_args(g)
     _add_integration_args(p)
 
 

@@ -44,6 +44,7 @@ from .config import DaemonConfig
 from .health import EventSource, HealthMonitor, LinkState, sysfs_link_reader
 from .interfaces import DeviceHealth, DriverStatus
 from .kube import KubeConfigError, KubeUnavailable, NodeNotFound, build_api_client, get_node
+from .logs import log_dropped
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
@@ -79,7 +80,10 @@ def published_snapshot(snap: Snapshot, kinds: frozenset[str]) -> Snapshot:
         return snap
     names = {d["name"] for d in devices}
     vertex_devices = {v: n for v, n in snap.vertex_devices.items() if n in names}
-    return dataclasses.replace(snap, devices=devices, vertex_devices=vertex_devices)
+    dropped = tuple(d for d in snap.dropped if d.device in names)
+    return dataclasses.replace(
+        snap, devices=devices, vertex_devices=vertex_devices, dropped=dropped
+    )
 
 
 def _settle_memory() -> None:
@@ -330,6 +334,8 @@ class Daemon:
             self.dra.endpoint,
             cfg.registrar_dir,
         )
+        if self._snap is not None:
+            log_dropped(log, self._snap)  # what the slices will lack, once they are written
         from .publisher import SlicePublisher  # after registration: not on the kubelet's path
 
         self.publisher = SlicePublisher(
@@ -466,6 +472,8 @@ class Daemon:
             self.metrics.discovery(time.monotonic() - started, snap.inventory)
         old = self._snap
         self._snap = snap
+        if old is not None and old.dropped != snap.dropped:
+            log_dropped(log, snap)
         self.health_monitor.update_snapshot(snap)
         self._check_nvml(snap.inventory)
         self._check_vendor_cdi(snap.inventory)

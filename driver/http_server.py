@@ -159,7 +159,7 @@ def render(
 ) -> Rendered:
     """Pre-render every representation for ``snap`` (pure; any thread). ``dot`` renders
     the graph as Graphviz text (the CLI's renderer; driver/ cannot import toposlice/)."""
-    report = report or empty_report(snap.node_name if snap else None)
+    report = report or empty_report(snap.node_name if snap else None, snap)
     norm = Resource.of(_json(report.to_dict()), JSON)
     if snap is None:
         return Rendered(None, report, None, None, None, None, norm)
@@ -618,8 +618,13 @@ class HttpServer:
                 # The empty report of "not observing" names the node; keep one object so
                 # same_content() can tell nothing changed.
                 old = prev.report
-                empty = old.node == snap.node_name and not old.matches and not old.findings
-                report = old if empty else empty_report(snap.node_name)
+                empty = (
+                    old.node == snap.node_name
+                    and not old.matches
+                    and not old.findings
+                    and old.not_published == snap.dropped
+                )
+                report = old if empty else empty_report(snap.node_name, snap)
             if snap is not None and report is not None and prev.same_content(snap, report):
                 self._rendered = replace(prev, snapshot=snap)
                 self._recent = [snap, *self._recent[:1]]

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from html import escape
 from typing import Any
 
+from discovery.words import plural
+
 DEV_W = 118
 DEV_H = 50
 GAP = 10
@@ -491,7 +493,8 @@ def render_page(
         f"<title>{_a(node)} · toposlice</title>"
         "<meta name='viewport' content='width=device-width,initial-scale=1'>"
         f"<style>{_CSS}</style></head><body>"
-        f"<header><h1>{_a(node)}</h1><p class='muted'>{n_gpu} GPUs · {n_nic} NICs · "
+        f"<header><h1>{_a(node)}</h1><p class='muted'>"
+        f"{plural(n_gpu, 'GPU')} · {plural(n_nic, 'NIC')} · "
         f"{allocated} allocated · {tainted} tainted"
         f"{' · ' + _a(status_line) if status_line else ''} · "
         "<a href='/v1/topology'>topology JSON</a> · <a href='/v1/topology?format=dot'>dot</a>"

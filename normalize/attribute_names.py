@@ -60,6 +60,7 @@ L3_CACHE = "l3Cache"
 CORE = "core"
 CPU_LIST = "cpuList"
 PCIE_ROOTS = "pcieRoots"
+PCIE_ROOTS_TRUNCATED = "pcieRootsTruncated"
 
 DRIVER_ATTRIBUTES = (
     TYPE,
@@ -97,6 +98,7 @@ DRIVER_ATTRIBUTES = (
     CORE,
     CPU_LIST,
     PCIE_ROOTS,
+    PCIE_ROOTS_TRUNCATED,
 )
 """Driver-domain attribute names (unqualified)."""
 

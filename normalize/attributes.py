@@ -7,6 +7,7 @@ Attribute values are plain dicts in the API's JSON form: ``{"int": 3}``, ``{"str
 from __future__ import annotations
 
 import re
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from discovery.model import Gpu, Inventory, NumaNode, PciDevice
@@ -30,6 +31,7 @@ __all__ = [
     "PCI_BUS_ID",
     "STANDARD_DOMAIN",
     "Attr",
+    "AttributeDrop",
     "Attrs",
     "a_bool",
     "a_int",
@@ -58,6 +60,35 @@ SEMVER_RE = re.compile(
     r"(?:-((?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)(?:\.(?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*))*))?"
     r"(?:\+([0-9a-zA-Z-]+(?:\.[0-9a-zA-Z-]+)*))?$"
 )
+
+
+@dataclass(frozen=True)
+class AttributeDrop:
+    """An attribute toposlice knows a value for but cannot publish as it is (over an API
+    limit, or not in the API's form). Each one is reported (daemon log, ``slices``'
+    standard error, ``doctor``, ``/v1/normalization``): a claim that relies on the
+    attribute must not just silently match nothing."""
+
+    device: str
+    attribute: str
+    reason: str
+    """Why, with the value's size or form: ``is 65 characters, over the 64-character limit``."""
+    published: str | None = None
+    """What was published instead (``the first 5 roots, and pcieRootsTruncated``); None:
+    the attribute is left out."""
+
+    def message(self) -> str:
+        instead = f"published {self.published}" if self.published else "left out"
+        return f"{self.device}: {self.attribute} {self.reason}; {instead}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+
+def too_long(value: str) -> str:
+    """The reason for a string over the limit, with enough of it to recognise."""
+    head = value if len(value) <= 24 else value[:24] + "…"
+    return f"{head!r} is {len(value)} characters, over the {MAX_STRING}-character limit"
 
 
 def a_int(value: int) -> Attr:
@@ -185,12 +216,27 @@ def numa_attribute(
 
 
 def pci_standard_attributes(
-    inv: Inventory, bus_id: str, opts: NormalizeOptions, gpu: Gpu | None = None
+    inv: Inventory,
+    bus_id: str,
+    opts: NormalizeOptions,
+    gpu: Gpu | None = None,
+    dropped: list[AttributeDrop] | None = None,
+    device: str = "",
 ) -> Attrs:
-    """The three standard attributes of a PCI function, each only when derivable."""
+    """The three standard attributes of a PCI function, each only when derivable; a known
+    value the API cannot take is recorded in ``dropped`` (as ``device``)."""
     attrs: Attrs = {}
+    drops = dropped if dropped is not None else []
     if PCI_BUS_ID_RE.match(bus_id):
         attrs[PCI_BUS_ID] = {"string": bus_id}
+    else:
+        drops.append(
+            AttributeDrop(
+                device,
+                PCI_BUS_ID,
+                f"{bus_id!r} is not in the standard DDDD:BB:DD.F form (a 5-digit VMD domain?)",
+            )
+        )
     pci: PciDevice | None = inv.pci(bus_id)
     if pci is None:
         return attrs
@@ -198,6 +244,8 @@ def pci_standard_attributes(
         root = a_string(pci.pcie_root)
         if root is not None:
             attrs[PCIE_ROOT] = root
+        elif pci.pcie_root.strip():
+            drops.append(AttributeDrop(device, PCIE_ROOT, too_long(pci.pcie_root.strip())))
     numa = numa_attribute(inv, pci.numa_node, opts, gpu)
     if numa is not None:
         attrs[NUMA_NODE] = numa

@@ -21,7 +21,14 @@ from typing import Any, Literal
 from discovery.model import Inventory, PciDevice
 from discovery.readers import parse_cpulist
 
-from .attributes import NUMA_NODE, PCI_BUS_ID, PCI_BUS_ID_RE, PCIE_ROOT, STANDARD_DOMAIN
+from .attributes import (
+    NUMA_NODE,
+    PCI_BUS_ID,
+    PCI_BUS_ID_RE,
+    PCIE_ROOT,
+    STANDARD_DOMAIN,
+    AttributeDrop,
+)
 from .cpugroups import cpu_groups, device_numa, local_pcie_roots
 from .relations import canonical_bus_id
 from .snapshot import Snapshot
@@ -146,6 +153,10 @@ class NormalizationReport:
     drivers: list[DriverSummary]
     matches: list[DeviceMatch]
     findings: list[Finding]
+    own_driver: str | None = None
+    not_published: tuple[AttributeDrop, ...] = ()
+    """toposlice's own attributes not published as discovered (over an API limit): not
+    findings about other drivers, but what a claim author on this node must know."""
 
     @property
     def errors(self) -> int:
@@ -181,15 +192,27 @@ class NormalizationReport:
                 "matched": sum(1 for m in self.matches if m.vertex),
                 "errors": self.errors,
                 "warnings": self.warnings,
+                "not_published": len(self.not_published),
             },
             "drivers": [asdict(d) for d in self.drivers],
             "devices": [m.to_dict() for m in self.matches],
             "findings": [f.to_dict() for f in self.findings],
+            "not_published": [
+                {"driver": self.own_driver, **d.to_dict()} for d in self.not_published
+            ],
         }
 
 
-def empty_report(node: str | None) -> NormalizationReport:
-    return NormalizationReport(node=node, drivers=[], matches=[], findings=[])
+def empty_report(node: str | None, snap: Snapshot | None = None) -> NormalizationReport:
+    """No other driver's slices checked; ``snap``'s own unpublished attributes, if given."""
+    return NormalizationReport(
+        node=node,
+        drivers=[],
+        matches=[],
+        findings=[],
+        own_driver=snap.driver if snap is not None else None,
+        not_published=snap.dropped if snap is not None else (),
+    )
 
 
 # ---- slice handling ---------------------------------------------------------------------
@@ -698,6 +721,8 @@ def normalization_report(
         drivers=[summaries[d] for d in sorted(summaries)],
         matches=matches,
         findings=checker.findings,
+        own_driver=snap.driver,
+        not_published=snap.dropped,
     )
 
 

@@ -15,6 +15,7 @@ from . import names
 from .alignment import Alignment, alignment
 from .attributes import (
     Attr,
+    AttributeDrop,
     Attrs,
     a_bool,
     a_int,
@@ -24,10 +25,11 @@ from .attributes import (
     int_fits,
     numa_attribute,
     pci_standard_attributes,
+    too_long,
     value_count,
 )
 from .cpugroups import CpuGroup, cpu_list_text
-from .limits import MAX_ATTRIBUTE_VALUES, MAX_ATTRS_AND_CAPACITY
+from .limits import MAX_ATTRIBUTE_VALUES, MAX_ATTRS_AND_CAPACITY, MAX_STRING
 from .options import NormalizeOptions
 from .pool import PoolPlan, plan_pool
 
@@ -97,24 +99,102 @@ def _nvlink_component(inv: Inventory, start: str) -> set[str]:
     return seen
 
 
-def _put(attrs: Attrs, key: str, value: Attr | None) -> None:
-    if value is not None:
-        attrs[key] = value
+class _Builder:
+    """One device's attributes, recording each known value the API cannot take."""
+
+    def __init__(self, device: str, dropped: list[AttributeDrop]) -> None:
+        self.device = device
+        self.attrs: Attrs = {}
+        self.dropped = dropped
+
+    def drop(self, key: str, reason: str, published: str | None = None) -> None:
+        self.dropped.append(AttributeDrop(self.device, key, reason, published))
+
+    def put(self, key: str, value: Attr | None) -> None:
+        if value is not None:
+            self.attrs[key] = value
+
+    def string(self, key: str, value: str | None, *, truncate: bool = False) -> None:
+        text = (value or "").strip()
+        if len(text) > MAX_STRING:
+            self.drop(
+                key, too_long(text), f"its first {MAX_STRING} characters" if truncate else None
+            )
+        self.put(key, a_string(value, truncate=truncate))
+
+    def int(self, key: str, value: int | None) -> None:
+        if value is None:
+            return
+        if not int_fits(value):
+            self.drop(key, f"{value} is outside the int64 range")
+            return
+        self.attrs[key] = a_int(value)
+
+    def version(self, key: str, text: str | None, *, lenient: bool = True) -> None:
+        attr = a_version(text, lenient=lenient)
+        if attr is None and text is not None and text.strip():
+            self.drop(key, f"{text.strip()!r} is not a semantic version (MAJOR.MINOR.PATCH)")
+        self.put(key, attr)
+
+    def strings(self, key: str, values: list[str]) -> None:
+        attr = a_strings(values)
+        for v in values:
+            if len(v) > MAX_STRING:
+                self.drop(f"{key}[]", too_long(v), "the list without it" if attr else None)
+        self.put(key, attr)
+
+    def joined(self, key: str, values: list[str], flag: str) -> None:
+        """``values`` comma-joined into one string; over the limit, the leading values that
+        fit (cut at a value boundary, never inside one) and ``flag`` = true."""
+        kept: list[str] = []
+        for v in values:
+            if len(",".join([*kept, v])) > MAX_STRING:
+                break
+            kept.append(v)
+        if len(kept) < len(values):
+            full = ",".join(values)
+            published = f"the first {len(kept)} and {flag}=true" if kept else None
+            self.drop(
+                key,
+                f"lists {len(values)} values in {len(full)} characters, over the "
+                f"{MAX_STRING}-character limit",
+                published,
+            )
+        self.put(key, a_string(",".join(kept)))
+        if kept and len(kept) < len(values):
+            self.attrs[flag] = a_bool(True)
+
+    def device_dict(self, capacity: dict[str, Any]) -> Device:
+        dev: Device = {"name": self.device, "attributes": self._fit(capacity)}
+        if capacity:
+            dev["capacity"] = capacity
+        return dev
+
+    def _fit(self, capacity: dict[str, Any]) -> Attrs:
+        kept = fit_budget(self.attrs, capacity)
+        values = sum(value_count(v) for v in kept.values())
+        for key, val in self.attrs.items():
+            if key in kept:
+                continue
+            if len(kept) + len(capacity) >= MAX_ATTRS_AND_CAPACITY:
+                reason = f"is over the {MAX_ATTRS_AND_CAPACITY} attributes-and-capacities limit"
+            else:
+                reason = (
+                    f"({value_count(val)} values) is over the {MAX_ATTRIBUTE_VALUES}-values "
+                    f"limit ({values} used)"
+                )
+            self.drop(key, reason)
+        return kept
 
 
-def _put_int(attrs: Attrs, key: str, value: int | None) -> None:
-    if value is not None and int_fits(value):
-        attrs[key] = a_int(value)
-
-
-def _pcie_link_attrs(attrs: Attrs, pci: PciDevice | None) -> None:
+def _pcie_link_attrs(b: _Builder, pci: PciDevice | None) -> None:
     if pci is None:
         return
     gen = pcie_generation(pci.link.current_speed_gts)
-    _put_int(attrs, an.PCIE_GEN, gen)
-    _put_int(attrs, an.PCIE_WIDTH, pci.link.current_width)
-    _put_int(attrs, an.PCIE_BANDWIDTH_MBPS, pcie_bandwidth_mbps(gen, pci.link.current_width))
-    _put(attrs, an.PCIE_SWITCH, a_string(pcie_switch(pci)))
+    b.int(an.PCIE_GEN, gen)
+    b.int(an.PCIE_WIDTH, pci.link.current_width)
+    b.int(an.PCIE_BANDWIDTH_MBPS, pcie_bandwidth_mbps(gen, pci.link.current_width))
+    b.string(an.PCIE_SWITCH, pcie_switch(pci))
 
 
 def fit_budget(attrs: Attrs, capacity: dict[str, Any]) -> Attrs:
@@ -132,106 +212,117 @@ def fit_budget(attrs: Attrs, capacity: dict[str, Any]) -> Attrs:
     return kept
 
 
-def _device(name: str, attrs: Attrs, capacity: dict[str, Any]) -> Device:
-    dev: Device = {"name": name, "attributes": fit_budget(attrs, capacity)}
-    if capacity:
-        dev["capacity"] = capacity
-    return dev
-
-
-def _alignment_attrs(attrs: Attrs, align: Alignment | None, bus_id: str) -> None:
+def _alignment_attrs(b: _Builder, align: Alignment | None, bus_id: str) -> None:
     if align is None:
         return
-    _put(attrs, an.NIC_AFFINITY, a_string(align.nic_affinity.get(bus_id)))
-    _put_int(attrs, an.RAIL, align.rail.get(bus_id))
+    b.string(an.NIC_AFFINITY, align.nic_affinity.get(bus_id))
+    b.int(an.RAIL, align.rail.get(bus_id))
 
 
 def gpu_device(
-    inv: Inventory, gpu: Gpu, opts: NormalizeOptions, name: str, align: Alignment | None = None
+    inv: Inventory,
+    gpu: Gpu,
+    opts: NormalizeOptions,
+    name: str,
+    align: Alignment | None = None,
+    dropped: list[AttributeDrop] | None = None,
 ) -> Device:
     pci = inv.pci(gpu.bus_id)
-    attrs: Attrs = {an.TYPE: {"string": "gpu"}}
-    attrs.update(pci_standard_attributes(inv, gpu.bus_id, opts, gpu))
-    _put(attrs, an.VENDOR, a_string(gpu.vendor))
-    _put(attrs, an.MODEL, a_string(gpu.model, truncate=True))
-    _put(attrs, an.UUID, a_string(gpu.uuid))
-    _put_int(attrs, an.INDEX, gpu.index)
-    _put_int(attrs, an.MINOR, gpu.minor)
-    _put(attrs, an.ARCHITECTURE, a_string(gpu.architecture, truncate=True))
-    _put(attrs, an.COMPUTE_CAPABILITY, a_version(gpu.compute_capability))
-    _put(attrs, an.DRIVER_VERSION, a_version(gpu.driver_version, lenient=False))
+    b = _Builder(name, dropped if dropped is not None else [])
+    b.put(an.TYPE, {"string": "gpu"})
+    b.attrs.update(pci_standard_attributes(inv, gpu.bus_id, opts, gpu, b.dropped, name))
+    b.string(an.VENDOR, gpu.vendor)
+    b.string(an.MODEL, gpu.model, truncate=True)
+    b.string(an.UUID, gpu.uuid)
+    b.int(an.INDEX, gpu.index)
+    b.int(an.MINOR, gpu.minor)
+    b.string(an.ARCHITECTURE, gpu.architecture, truncate=True)
+    b.version(an.COMPUTE_CAPABILITY, gpu.compute_capability)
+    b.version(an.DRIVER_VERSION, gpu.driver_version, lenient=False)
     if gpu.mig_mode is not None:
-        attrs[an.MIG_MODE] = a_bool(gpu.mig_mode)
-    _pcie_link_attrs(attrs, pci)
-    _alignment_attrs(attrs, align, gpu.bus_id)
+        b.put(an.MIG_MODE, a_bool(gpu.mig_mode))
+    _pcie_link_attrs(b, pci)
+    _alignment_attrs(b, align, gpu.bus_id)
     if gpu.nvlinks:
         versions = Counter(link.version for link in gpu.nvlinks if link.version)
         if versions:
-            _put(attrs, an.NVLINK_VERSION, a_version(versions.most_common(1)[0][0]))
-        attrs[an.NVLINK_LINKS] = a_int(len(gpu.nvlinks))
-    _put(attrs, an.NVLINK_DOMAIN, a_string(nvlink_domain(inv, gpu)))
+            b.version(an.NVLINK_VERSION, versions.most_common(1)[0][0])
+        b.put(an.NVLINK_LINKS, a_int(len(gpu.nvlinks)))
+    b.string(an.NVLINK_DOMAIN, nvlink_domain(inv, gpu))
     if gpu.fabric is not None:
-        _put(attrs, an.NVLINK_CLIQUE, a_string(gpu.fabric.clique))
+        b.string(an.NVLINK_CLIQUE, gpu.fabric.clique)
     if gpu.xgmi_hive_id and gpu.xgmi_hive_id.strip("0x") != "":
-        _put(attrs, an.XGMI_HIVE, a_string(gpu.xgmi_hive_id))
+        b.string(an.XGMI_HIVE, gpu.xgmi_hive_id)
     if gpu.memory_numa_node is not None:
-        attrs[an.MEMORY_NUMA_NODE] = a_int(gpu.memory_numa_node)
+        b.int(an.MEMORY_NUMA_NODE, gpu.memory_numa_node)
     capacity: dict[str, Any] = {}
     if gpu.memory_bytes:
         capacity[an.CAPACITY_MEMORY] = {"value": quantity(gpu.memory_bytes)}
-    return _device(name, attrs, capacity)
+    return b.device_dict(capacity)
 
 
 def nic_device(
-    inv: Inventory, nic: Nic, opts: NormalizeOptions, name: str, align: Alignment | None = None
+    inv: Inventory,
+    nic: Nic,
+    opts: NormalizeOptions,
+    name: str,
+    align: Alignment | None = None,
+    dropped: list[AttributeDrop] | None = None,
 ) -> Device:
     pci = inv.pci(nic.bus_id)
-    attrs: Attrs = {an.TYPE: {"string": "nic"}}
-    attrs.update(pci_standard_attributes(inv, nic.bus_id, opts))
-    _put(attrs, an.VENDOR, a_string(nic.vendor, truncate=True))
-    _put(attrs, an.MODEL, a_string(nic.model, truncate=True))
-    _put(attrs, an.NETDEV, a_string(nic.netdevs[0] if nic.netdevs else None))
-    _put(attrs, an.RDMA_DEVICE, a_string(nic.rdma_devices[0] if nic.rdma_devices else None))
-    _put(attrs, an.LINK_LAYER, a_string(nic.link_layer))
+    b = _Builder(name, dropped if dropped is not None else [])
+    b.put(an.TYPE, {"string": "nic"})
+    b.attrs.update(pci_standard_attributes(inv, nic.bus_id, opts, None, b.dropped, name))
+    b.string(an.VENDOR, nic.vendor, truncate=True)
+    b.string(an.MODEL, nic.model, truncate=True)
+    b.string(an.NETDEV, nic.netdevs[0] if nic.netdevs else None)
+    b.string(an.RDMA_DEVICE, nic.rdma_devices[0] if nic.rdma_devices else None)
+    b.string(an.LINK_LAYER, nic.link_layer)
     speed = nic.speed_mbps
     if (speed is None or speed <= 0) and nic.rate_gbps and math.isfinite(nic.rate_gbps):
         speed = round(nic.rate_gbps * 1000)
     if speed is not None and speed > 0:
-        _put_int(attrs, an.SPEED_MBPS, speed)
-    attrs[an.SRIOV_VF] = a_bool(nic.is_vf)
+        b.int(an.SPEED_MBPS, speed)
+    b.put(an.SRIOV_VF, a_bool(nic.is_vf))
     if pci is not None and nic.is_vf and pci.physfn:
-        _put(attrs, an.SRIOV_PF, a_string(pci.physfn))
-    _put(attrs, an.NODE_GUID, a_string(nic.node_guid))
-    _pcie_link_attrs(attrs, pci)
-    _alignment_attrs(attrs, align, nic.bus_id)
+        b.string(an.SRIOV_PF, pci.physfn)
+    b.string(an.NODE_GUID, nic.node_guid)
+    _pcie_link_attrs(b, pci)
+    _alignment_attrs(b, align, nic.bus_id)
     if opts.legacy_aliases and pci is not None and pci.numa_node is not None:
-        attrs[an.LEGACY_NIC_NUMA] = a_int(pci.numa_node)
-    return _device(name, attrs, {})
+        b.put(an.LEGACY_NIC_NUMA, a_int(pci.numa_node))
+    return b.device_dict({})
 
 
-def cpu_device(inv: Inventory, group: CpuGroup, opts: NormalizeOptions) -> Device:
-    attrs: Attrs = {an.TYPE: {"string": "cpu"}}
-    _put(attrs, an.NUMA_NODE, numa_attribute(inv, group.numa_node, opts))
+def cpu_device(
+    inv: Inventory,
+    group: CpuGroup,
+    opts: NormalizeOptions,
+    dropped: list[AttributeDrop] | None = None,
+) -> Device:
+    b = _Builder(group.name, dropped if dropped is not None else [])
+    b.put(an.TYPE, {"string": "cpu"})
+    b.put(an.NUMA_NODE, numa_attribute(inv, group.numa_node, opts))
     if opts.numa_list and group.pcie_roots:
-        _put(attrs, an.PCIE_ROOT, a_strings(list(group.pcie_roots)))
-    _put(attrs, an.VENDOR, a_string(inv.host.get("cpu_vendor"), truncate=True))
-    _put(attrs, an.MODEL, a_string(inv.host.get("cpu_model"), truncate=True))
-    _put(attrs, an.GROUPING, a_string(group.kind))
-    _put_int(attrs, an.PACKAGE, group.package)
-    _put_int(attrs, an.L3_CACHE, group.l3_id)
-    _put_int(attrs, an.CORE, group.core)
-    _put(attrs, an.CPU_LIST, a_string(cpu_list_text(group.cpus)))
+        b.strings(an.PCIE_ROOT, list(group.pcie_roots))
+    b.string(an.VENDOR, inv.host.get("cpu_vendor"), truncate=True)
+    b.string(an.MODEL, inv.host.get("cpu_model"), truncate=True)
+    b.string(an.GROUPING, group.kind)
+    b.int(an.PACKAGE, group.package)
+    b.int(an.L3_CACHE, group.l3_id)
+    b.int(an.CORE, group.core)
+    b.string(an.CPU_LIST, cpu_list_text(group.cpus))
     if group.pcie_roots:
         if opts.numa_list:
-            _put(attrs, an.PCIE_ROOTS, a_strings(list(group.pcie_roots)))
+            b.strings(an.PCIE_ROOTS, list(group.pcie_roots))
         else:
-            _put(attrs, an.PCIE_ROOTS, a_string(",".join(group.pcie_roots)))
+            b.joined(an.PCIE_ROOTS, list(group.pcie_roots), an.PCIE_ROOTS_TRUNCATED)
     if opts.legacy_aliases and group.numa_node is not None:
-        attrs[an.LEGACY_CPU_NUMA] = a_int(group.numa_node)
+        b.put(an.LEGACY_CPU_NUMA, a_int(group.numa_node))
     capacity: dict[str, Any] = {an.CAPACITY_CPUS: {"value": str(len(group.cpus))}}
     if group.memory_bytes:
         capacity[an.CAPACITY_MEMORY] = {"value": quantity(group.memory_bytes)}
-    return _device(group.name, attrs, capacity)
+    return b.device_dict(capacity)
 
 
 def device_names(inv: Inventory, opts: NormalizeOptions | None = None) -> dict[str, str]:
@@ -246,18 +337,27 @@ def build_devices(
     """All devices of the pool: GPUs by bus id, then NICs by bus id, then CPU groups
     (by NUMA node). Names are unique within the pool (``plan``: the pool plan, when the
     caller already has it)."""
+    return build_devices_reported(inv, opts, plan)[0]
+
+
+def build_devices_reported(
+    inv: Inventory, opts: NormalizeOptions | None = None, plan: PoolPlan | None = None
+) -> tuple[list[Device], list[AttributeDrop]]:
+    """:func:`build_devices`, and every known attribute value that is not published as it
+    is (over an API limit, or not in the API's form), in device order."""
     opts = opts or NormalizeOptions()
     plan = plan or plan_pool(inv, opts)
     out: list[Device] = []
+    dropped: list[AttributeDrop] = []
     align = alignment(inv)
     for entry in plan.entries:
         if entry.gpu is not None:
-            out.append(gpu_device(inv, entry.gpu, opts, entry.name, align))
+            out.append(gpu_device(inv, entry.gpu, opts, entry.name, align, dropped))
         elif entry.nic is not None:
-            out.append(nic_device(inv, entry.nic, opts, entry.name, align))
+            out.append(nic_device(inv, entry.nic, opts, entry.name, align, dropped))
         elif entry.cpu_group is not None:
             group = entry.cpu_group
             if entry.name != group.name:
                 group = replace(group, name=entry.name)
-            out.append(cpu_device(inv, group, opts))
-    return out
+            out.append(cpu_device(inv, group, opts, dropped))
+    return out, dropped

@@ -6,7 +6,8 @@ from typing import Any
 
 from discovery.model import Inventory
 
-from .devices import Device, build_devices
+from .attributes import AttributeDrop
+from .devices import Device, build_devices_reported
 from .limits import MAX_DEVICES_PER_SLICE, MAX_DEVICES_PER_SLICE_RESTRICTED
 from .options import NormalizeOptions
 from .validation import device_is_restricted
@@ -58,8 +59,20 @@ def build_slices(
     adds those) and ``spec`` {driver, pool {name, generation, resourceSliceCount}, nodeName,
     devices}. There is always at least one slice, even without devices.
     """
+    return build_slices_reported(inv, node_name, opts, generation)[0]
+
+
+def build_slices_reported(
+    inv: Inventory,
+    node_name: str,
+    opts: NormalizeOptions | None = None,
+    generation: int = 1,
+) -> tuple[list[dict[str, Any]], list[AttributeDrop]]:
+    """:func:`build_slices`, and the attribute values its devices do not carry as
+    discovered (over an API limit), for the caller to report."""
     opts = opts or NormalizeOptions()
-    chunks = split_devices(build_devices(inv, opts), opts.max_devices_per_slice)
+    devices, dropped = build_devices_reported(inv, opts)
+    chunks = split_devices(devices, opts.max_devices_per_slice)
     count = len(chunks)
     out: list[dict[str, Any]] = []
     for i, devices in enumerate(chunks):
@@ -80,7 +93,7 @@ def build_slices(
                 },
             }
         )
-    return out
+    return out, dropped
 
 
 def to_models(slices: list[dict[str, Any]]) -> list[Any]:

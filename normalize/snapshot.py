@@ -11,7 +11,8 @@ from typing import Any
 
 from discovery.model import Inventory
 
-from .devices import Device, build_devices
+from .attributes import AttributeDrop
+from .devices import Device, build_devices_reported
 from .graph import build_graph
 from .options import NormalizeOptions
 from .pool import PoolPlan, plan_pool
@@ -31,6 +32,8 @@ class Snapshot:
     """Graph vertex id (``gpu:<bdf>``, ``nic:<bdf>``, ``cpu_group:<name>``) -> DRA device name."""
     plan: PoolPlan | None = None
     """The pool plan devices and graph were built from (which object is which device)."""
+    dropped: tuple[AttributeDrop, ...] = ()
+    """Known attribute values the devices do not carry as they are (over an API limit)."""
 
     @property
     def driver(self) -> str:
@@ -46,12 +49,14 @@ def build_snapshot(
 ) -> Snapshot:
     opts = opts or NormalizeOptions()
     plan = plan_pool(inv, opts)
+    devices, dropped = build_devices_reported(inv, opts, plan)
     return Snapshot(
         inventory=inv,
         node_name=node_name,
         options=opts,
-        devices=tuple(build_devices(inv, opts, plan)),
+        devices=tuple(devices),
         graph=build_graph(inv, opts, plan, node_name=node_name),
         vertex_devices=plan.names,
         plan=plan,
+        dropped=tuple(dropped),
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from discovery.readers import read_int, read_text
 from discovery.root import Root
+from discovery.words import plural
 from plugins.base import ProbeContext, ProbeReport, ProbeUnavailable
 
 __all__ = ["ARM_IMPLEMENTERS", "CpuProbe", "parse_cpuinfo"]
@@ -168,8 +169,8 @@ class CpuProbe:
 
         parts = [facts.get("cpu_model") or facts.get("cpu_vendor") or "unknown CPU"]
         if packages:
-            parts.append(f"{len(packages)} sockets")
-        parts.append(f"{len(host.cpus)} CPUs")
-        parts.append(f"{len(host.numa_nodes)} NUMA nodes")
+            parts.append(plural(len(packages), "socket"))
+        parts.append(plural(len(host.cpus), "CPU"))
+        parts.append(plural(len(host.numa_nodes), "NUMA node"))
         report.detail = ", ".join(parts)
         return report

@@ -27,6 +27,7 @@ from discovery.nvml_codes import (
 )
 from discovery.pci_ids import class_code, parse_id
 from discovery.readers import normalize_bdf
+from discovery.words import plural
 from plugins.base import ProbeContext, ProbeReport, ProbeUnavailable
 
 __all__ = ["NVLINK_BANDWIDTH_GBPS", "NVLINK_VERSIONS", "NvidiaProbe"]
@@ -404,9 +405,9 @@ class NvidiaProbe:
                 pass
         report.gpus = sorted(gpus.values(), key=lambda g: g.bus_id)
         report.nvswitches = _nvswitches(ctx)
-        parts = [f"{len(report.gpus)} GPUs"]
+        parts = [plural(len(report.gpus), "GPU")]
         if report.nvswitches:
-            parts.append(f"{len(report.nvswitches)} NVSwitches")
+            parts.append(plural(len(report.nvswitches), "NVSwitch", "NVSwitches"))
         parts.append(f"driver {driver or 'unknown'}")
         report.detail = ", ".join(parts)
         return report

@@ -15,6 +15,7 @@ from discovery.model import Gpu, PciDevice, XgmiLink
 from discovery.pci_ids import class_code, parse_id, vendor_word
 from discovery.readers import read_text
 from discovery.root import Root
+from discovery.words import plural
 from plugins.base import ProbeContext, ProbeReport, ProbeUnavailable
 
 __all__ = ["GPU_MODELS", "PciAcceleratorProbe", "is_accelerator"]
@@ -264,7 +265,7 @@ class PciAcceleratorProbe:
         for gpu in report.gpus:
             counts[gpu.vendor] = counts.get(gpu.vendor, 0) + 1
         parts = [f"{n} {v}" for v, n in sorted(counts.items())]
-        report.detail = f"{len(report.gpus)} accelerators ({', '.join(parts)})"
+        report.detail = f"{plural(len(report.gpus), 'accelerator')} ({', '.join(parts)})"
         if kfd:
             report.detail += f", {len(kfd)} with KFD topology"
         return report

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from discovery.model import Inventory, NetInterface, Nic, PciDevice, RdmaDevice, RdmaPort
 from discovery.pci_ids import class_code, parse_id, vendor_word
+from discovery.words import plural
 from plugins.base import ProbeContext, ProbeReport, ProbeUnavailable
 
 __all__ = ["NIC_MODELS", "RdmaProbe"]
@@ -139,5 +140,5 @@ class RdmaProbe:
         report = ProbeReport(nics=sorted(nics.values(), key=lambda n: n.bus_id))
         rdma = sum(1 for n in report.nics if n.rdma_devices)
         vfs = sum(1 for n in report.nics if n.is_vf)
-        report.detail = f"{len(report.nics)} NICs ({rdma} with RDMA, {vfs} VFs)"
+        report.detail = f"{plural(len(report.nics), 'NIC')} ({rdma} with RDMA, {plural(vfs, 'VF')})"
         return report

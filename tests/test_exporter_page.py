@@ -4,13 +4,17 @@ that need no browser."""
 from __future__ import annotations
 
 import base64
+import glob
 import json
+import os
 import re
 import shutil
 import subprocess
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -92,11 +96,19 @@ class DevTools:
             time.sleep(0.1)
 
 
-@pytest.fixture
-def browser(tmp_path: Path) -> Iterator[DevTools]:
+@contextmanager
+def headless_chromium() -> Iterator[tuple[DevTools, Path]]:
+    """Chromium (and its DevTools client, and its folder) with its profile and temporary
+    files (the ``org.chromium.Chromium.*`` singleton folder, shared-memory files under
+    ``--disable-dev-shm-usage``) in a folder of its own, removed afterwards: nothing is
+    left in the system's temporary folder. The folder's path is short: the singleton
+    socket's path must fit a Unix socket address (108 bytes)."""
     exe = _chromium()
     if exe is None:
         pytest.skip("chromium not installed (Debian package `chromium`; CI installs it)")
+    folder = Path(tempfile.mkdtemp(prefix="toposlice-chromium-"))
+    tmp = folder / "tmp"
+    tmp.mkdir()
     proc = subprocess.Popen(
         [
             exe,
@@ -108,13 +120,14 @@ def browser(tmp_path: Path) -> Iterator[DevTools]:
             "--remote-debugging-address=127.0.0.1",
             "--remote-debugging-port=0",
             "--remote-allow-origins=*",
-            f"--user-data-dir={tmp_path / 'profile'}",
+            f"--user-data-dir={folder / 'profile'}",
             "--window-size=1400,1000",
             "about:blank",
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
+        env={**os.environ, "TMPDIR": str(tmp)},
     )
     try:
         port = None
@@ -131,7 +144,7 @@ def browser(tmp_path: Path) -> Iterator[DevTools]:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=10) as r:
             pages = [t for t in json.load(r) if t.get("type") == "page"]
         tools = DevTools(pages[0]["webSocketDebuggerUrl"])
-        yield tools
+        yield tools, folder
         tools.ws.close()
     finally:
         proc.terminate()
@@ -139,6 +152,32 @@ def browser(tmp_path: Path) -> Iterator[DevTools]:
             proc.wait(10)
         except subprocess.TimeoutExpired:
             proc.kill()
+            proc.wait(10)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def browser() -> Iterator[DevTools]:
+    with headless_chromium() as (tools, _):
+        yield tools
+
+
+def _chromium_leftovers() -> set[str]:
+    tmp = tempfile.gettempdir()
+    return {
+        p
+        for pattern in ("org.chromium.*", ".org.chromium.*")
+        for p in glob.glob(f"{tmp}/{pattern}")
+    }
+
+
+def test_chromium_leaves_nothing_in_the_temporary_folder() -> None:
+    before = _chromium_leftovers()
+    with headless_chromium() as (tools, folder):
+        assert tools.js("1 + 1") == 2
+        assert any(folder.glob("tmp/*")), "chromium's temporary files went to its own folder"
+    assert not folder.exists()
+    assert _chromium_leftovers() - before == set()
 
 
 def test_page_in_headless_chromium(server: HttpServer, browser: DevTools, tmp_path: Path) -> None:

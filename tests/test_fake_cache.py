@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -105,7 +107,7 @@ def test_default_folder_is_a_private_tmpfs_else_the_user_cache(
     assert cache_dir() == tmp_path / "xdg-cache" / "toposlice" / "fake"
 
 
-def test_an_edited_machine_file_gets_a_new_entry_and_drops_the_unused_old_one(
+def test_an_edited_machine_file_gets_a_new_entry_and_copies_share_one(
     cache: Path, tmp_path: Path
 ) -> None:
     machine = tmp_path / "mine.yaml"
@@ -115,23 +117,68 @@ def test_an_edited_machine_file_gets_a_new_entry_and_drops_the_unused_old_one(
     (first,) = _entries(cache)
     machine.write_text(text + "hostname: second\n", encoding="utf-8")
     assert discover(fake=str(machine)).hostname == "second"
-    # The first entry was used a moment ago (a slow run may still read it): kept for now.
     assert first in _entries(cache) and len(_entries(cache)) == 2
-    (second,) = set(_entries(cache)) - {first}
-    long_ago = 1_000_000_000
-    os.utime(cache / first, (long_ago, long_ago))
-    os.utime(cache / second, (long_ago, long_ago))
-    machine.write_text(text + "hostname: third\n", encoding="utf-8")
-    assert discover(fake=str(machine)).hostname == "third"
-    (third,) = _entries(cache)
-    assert third not in (first, second) and third.startswith("mine-")
-    # Another file of the same name has entries of its own and removes none of these.
+    # The same bytes elsewhere (another clone, a copy): the entry is keyed by content.
     other = tmp_path / "elsewhere" / "mine.yaml"
     other.parent.mkdir()
-    other.write_text(text + "hostname: other\n", encoding="utf-8")
-    os.utime(cache / third, (long_ago, long_ago))
-    assert discover(fake=str(other)).hostname == "other"
-    assert third in _entries(cache) and len(_entries(cache)) == 2
+    other.write_text(text + "hostname: second\n", encoding="utf-8")
+    assert discover(fake=str(other)).hostname == "second"
+    assert len(_entries(cache)) == 2 and all(e.startswith("mine-") for e in _entries(cache))
+
+
+def _run_discover(fake: str, env: dict[str, str]) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "toposlice", "discover", "--fake", fake, "-o", "json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def _entry_sizes(cache: Path) -> dict[str, int]:
+    return {e.name: int((e / "size").read_text()) for e in cache.iterdir() if e.is_dir()}
+
+
+def test_the_cache_is_bounded_by_size_least_recently_used_first(
+    cache: Path, tmp_path: Path
+) -> None:
+    """Commands in new processes, from two checkouts' copies of the machine files, under a
+    bound of about two entries: the entries never exceed it once old ones may go, the
+    least recently used goes first, and a checkout's path never makes an entry of its own."""
+    env = {**os.environ, CACHE_ENV: str(cache)}
+    clone_a, clone_b = tmp_path / "clone-a", tmp_path / "clone-b"
+    for clone in (clone_a, clone_b):
+        clone.mkdir()
+        for name in ("cloud-vm-1gpu", "cpu-2s"):
+            shutil.copy(machine_path(name), clone / f"{name}.yaml")
+    vm_text = machine_path("cloud-vm-1gpu").read_text(encoding="utf-8")
+    (clone_b / "vm-2.yaml").write_text(vm_text + "hostname: vm-2\n", encoding="utf-8")
+    _run_discover(str(clone_a / "cloud-vm-1gpu.yaml"), env)
+    _run_discover(str(clone_b / "cloud-vm-1gpu.yaml"), env)
+    assert len(_entries(cache)) == 1, "two clones, one entry"
+    _run_discover(str(clone_a / "cpu-2s.yaml"), env)
+    sizes = _entry_sizes(cache)
+    assert len(sizes) == 2 and all(n > 0 for n in sizes.values())
+    # Mark both used long ago, the VM first; the bound holds these two and no third.
+    vm = next(n for n in sizes if n.startswith("cloud-vm-1gpu-"))
+    cpu = next(n for n in sizes if n.startswith("cpu-2s-"))
+    os.utime(cache / vm, (1_000_000_000, 1_000_000_000))
+    os.utime(cache / cpu, (1_000_000_100, 1_000_000_100))
+    bound = sum(sizes.values()) + 1000
+    env[fake_cache.MAX_MB_ENV] = str(bound / 1_000_000)
+    _run_discover(str(clone_b / "vm-2.yaml"), env)
+    after = _entry_sizes(cache)
+    assert vm not in after, "the least recently used entry went first"
+    assert cpu in after and any(n.startswith("vm-2-") for n in after)
+    assert sum(after.values()) <= bound
+    # A bound below one entry keeps just the one in use.
+    os.utime(cache / cpu, (1_000_000_000, 1_000_000_000))
+    env[fake_cache.MAX_MB_ENV] = "0"
+    _run_discover(str(clone_a / "cloud-vm-1gpu.yaml"), env)
+    assert [n.split("-")[0] for n in _entries(cache)] == ["cloud", "vm"]
+    assert fake_cache.max_bytes() == 256_000_000
 
 
 def test_a_damaged_entry_is_rebuilt(cache: Path, builds: list[Path]) -> None:

@@ -11,7 +11,7 @@ from normalize.attributes import (
     numa_list,
     to_semver,
 )
-from normalize.devices import build_devices, quantity
+from normalize.devices import build_devices, build_devices_reported, quantity
 from normalize.options import NormalizeOptions
 from tests.inventories import amd, dgx, gb200, snc
 
@@ -102,14 +102,54 @@ def test_cpu_group_pcie_roots_scalar_and_list() -> None:
     assert cpu0["attributes"][PCIE_ROOT] == {"strings": roots.split(",")}
 
 
-def test_cpu_group_pcie_roots_too_long_omitted() -> None:
+def test_cpu_group_pcie_roots_too_long_cut_at_a_root_and_reported() -> None:
     inv = snc()
     for i in range(10):
         inv.pci_devices.append(
             PciDevice(bus_id=f"0000:{i:02x}:00.0", numa_node=0, pcie_root=f"pci0000:{i:02x}")
         )
-    cpu0 = _dev(build_devices(inv), "cpu-numa0")
-    assert "pcieRoots" not in cpu0["attributes"]
+    devices, dropped = build_devices_reported(inv)
+    attrs = _dev(devices, "cpu-numa0")["attributes"]
+    roots = attrs["pcieRoots"]["string"]
+    assert len(roots) <= 64 and roots == ",".join(f"pci0000:{i:02x}" for i in range(5))
+    assert attrs["pcieRootsTruncated"] == {"bool": True}
+    (drop,) = [d for d in dropped if d.device == "cpu-numa0"]
+    assert drop.attribute == "pcieRoots" and "10 values in 109 characters" in drop.reason
+    assert drop.published == "the first 5 and pcieRootsTruncated=true"
+    listed = build_devices(inv, NormalizeOptions(numa_list=True))
+    assert len(_dev(listed, "cpu-numa0")["attributes"]["pcieRoots"]["strings"]) == 10
+
+
+def test_every_limit_that_keeps_a_value_out_is_reported() -> None:
+    """Each way a known value can miss the slice gives a report naming device and name."""
+    inv = dgx()
+    gpu = inv.gpus[0]
+    gpu.uuid = "GPU-" + "f" * 70
+    gpu.driver_version = "535.104.05"
+    gpu.model = "M" * 80
+    nic = inv.nics[0]
+    nic.netdevs = ["n" * 65]
+    devices, dropped = build_devices_reported(inv)
+    by_attr = {(d.device, d.attribute): d for d in dropped}
+    g = "gpu-0000-1a-00-0"
+    assert "uuid" not in _dev(devices, g)["attributes"]
+    assert by_attr[(g, "uuid")].published is None and "74 characters" in by_attr[(g, "uuid")].reason
+    assert "not a semantic version" in by_attr[(g, "driverVersion")].reason
+    assert by_attr[(g, "model")].published == "its first 64 characters"
+    nic_name = "nic-" + nic.bus_id.replace(":", "-").replace(".", "-")
+    assert "netdev" not in _dev(devices, nic_name)["attributes"]
+    assert (nic_name, "netdev") in by_attr
+    # Over the per-device budget: the attributes left out are named too.
+    from normalize.devices import _Builder
+
+    report: list[Any] = []
+    b = _Builder("dev-x", report)
+    for i in range(40):
+        b.int(f"a{i}", i)
+    b.int("huge", 2**64)
+    dev = b.device_dict({})
+    assert len(dev["attributes"]) == 32
+    assert {d.attribute for d in report} == {"huge", *(f"a{i}" for i in range(32, 40))}
 
 
 def test_legacy_aliases() -> None:

@@ -114,4 +114,4 @@ def test_table_and_dot() -> None:
     dot = graph_to_dot(g)
     assert dot.startswith('digraph "dgx-01" {') and dot.rstrip().endswith("}")
     assert '"gpu:0000:1a:00.0"' in dot and "NV" in dot
-    assert "(no GPUs or NICs)" in graph_table(build_graph(Inventory()))
+    assert "(no relation matrix: no GPUs or RDMA NICs" in graph_table(build_graph(Inventory()))

@@ -332,7 +332,7 @@ def test_rdma_nics() -> None:
 
     virtio = nics["0000:00:03.0"]
     assert (virtio.vendor, virtio.model, virtio.speed_mbps) == ("virtio", "virtio-net", None)
-    assert report.detail == "5 NICs (4 with RDMA, 1 VFs)"
+    assert report.detail == "5 NICs (4 with RDMA, 1 VF)"
 
 
 def test_rdma_unavailable_without_network_functions() -> None:

@@ -165,12 +165,15 @@ def _run(args: argparse.Namespace) -> int:
     opts = normalize_options(args)
     if args.command == "slices":
         from driver.config import check_names
-        from normalize.slices import build_slices
+        from normalize.slices import build_slices_reported
         from toposlice.sources import node_name_of
 
         node = node_name_of(args, inv)
         check_names(node, opts.driver)  # names the API server would refuse: say so
-        dump(build_slices(inv, node, opts), args.output)
+        slices, dropped = build_slices_reported(inv, node, opts)
+        for drop in dropped:  # over an API limit: never left out without a word
+            print(f"toposlice: warning: not published in full: {drop.message()}", file=sys.stderr)
+        dump(slices, args.output)
         return 0
 
     from normalize.graph import build_graph

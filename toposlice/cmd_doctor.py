@@ -172,9 +172,12 @@ def _check_for_node(slices: list[dict[str, Any]], node: str) -> None:
 
 def report_table(report: dict[str, Any]) -> str:
     s = report["summary"]
+    from toposlice.render import plural
+
     out = [
-        f"node {report['node']}: {s['devices']} devices of {s['drivers']} drivers, "
-        f"{s['matched']} matched to hardware; {s['errors']} errors, {s['warnings']} warnings",
+        f"node {report['node']}: {plural(s['devices'], 'device')} of "
+        f"{plural(s['drivers'], 'driver')}, {s['matched']} matched to hardware; "
+        f"{plural(s['errors'], 'error')}, {plural(s['warnings'], 'warning')}",
         "",
     ]
     rows: list[tuple[str, ...]] = [("DRIVER", "POOLS", "DEVICES", "MATCHED", "ON NODE", "FINDINGS")]
@@ -199,6 +202,11 @@ def report_table(report: dict[str, Any]) -> str:
                 (f["severity"], f["driver"], f.get("device", "-"), f["check"], f["message"])
             )
         out += _columns(rows)
+    if report.get("not_published"):
+        out += ["", "NOT PUBLISHED IN FULL (this node's own devices, over an API limit)"]
+        for d in report["not_published"]:
+            instead = f"published {d['published']}" if d.get("published") else "left out"
+            out.append(f"  {d['device']}: {d['attribute']} {d['reason']}; {instead}")
     return "\n".join(out) + "\n"
 
 

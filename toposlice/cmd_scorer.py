@@ -7,6 +7,10 @@ import logging
 import sys
 from typing import Any
 
+from driver.logs import add_log_args, setup_from_args
+
+log = logging.getLogger("toposlice.scorer")
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="scorer_command", required=True)
@@ -35,7 +39,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="do not read ResourceClaims from the API (workload from annotations only)",
     )
     s.add_argument("--driver", default="toposlice.dev", help="DRA driver name")
-    s.add_argument("-v", "--verbose", action="store_true")
+    s.add_argument("-v", "--verbose", action="store_true", help="same as --log-level debug")
+    add_log_args(s)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -46,10 +51,7 @@ def run(args: argparse.Namespace) -> int:
     from scorer.topology import read_graph_file
     from toposlice.cmd_score import fake_node
 
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    setup_from_args(args, verbose=args.verbose)
     static: dict[str, dict[str, Any]] = {}
     for f in args.graph:
         g = read_graph_file(f)
@@ -86,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
-    print(f"toposlice scorer: serving on {host}:{server.server_address[1]}", file=sys.stderr)
+    log.info("serving on %s:%d", host, server.server_address[1])
     try:
         server.serve_forever()
     except KeyboardInterrupt:

@@ -15,6 +15,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from driver.logs import add_log_args, setup_from_args
 from toposlice.sources import (
     add_node_name_arg,
     add_normalize_args,
@@ -70,6 +71,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="kubelet plugin-registration directory, to find drivers no longer on the node",
     )
+    add_log_args(p)
 
 
 class ServeView:
@@ -121,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
         from driver.config import check_kubeconfig
 
         check_kubeconfig(args.kubeconfig)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    setup_from_args(args)
     from toposlice.discovery_worker import SWITCH_INTERVAL
 
     sys.setswitchinterval(SWITCH_INTERVAL)  # see toposlice/discovery_worker.py

@@ -6,8 +6,9 @@ import json
 import sys
 from typing import Any, TextIO
 
-from discovery.model import Inventory
+from discovery.model import Gpu, Inventory
 from discovery.readers import format_cpulist
+from discovery.words import plural
 
 
 def dump(data: Any, fmt: str, out: TextIO | None = None) -> None:
@@ -50,12 +51,22 @@ def source_text(source: dict[str, Any]) -> str:
     return ", ".join(f"{_SOURCE_WORDS.get(k, k)} {v}" for k, v in source.items()) or "-"
 
 
+def _links(gpu: Gpu) -> str:
+    """GPU-to-GPU links: NVLinks (NVIDIA), else xGMI links (AMD)."""
+    return str(len(gpu.nvlinks) or len(gpu.xgmi_links))
+
+
+def _probe_text(name: str, state: str, detail: str | None) -> str:
+    return f"{name}={state}" if state == "ok" or not detail else f"{name}={state} ({detail})"
+
+
 def inventory_table(inv: Inventory) -> str:
     lines = [f"host: {inv.hostname or '-'}   source: {source_text(inv.source)}"]
     packages = {c.package for c in inv.cpus if c.package is not None}
     lines.append(
-        f"cpus: {len(inv.cpus)} online in {len(packages)} package(s); "
-        f"{len(inv.numa_nodes)} NUMA node(s); {len(inv.pci_devices)} PCI functions"
+        f"cpus: {len(inv.cpus)} online in {plural(len(packages), 'package')}; "
+        f"{plural(len(inv.numa_nodes), 'NUMA node')}; "
+        f"{plural(len(inv.pci_devices), 'PCI function')}"
     )
     lines.append("")
     lines.append(f"{'NUMA':<6}{'PKG':<5}{'MEMORY':>12}  CPUS")
@@ -69,8 +80,9 @@ def inventory_table(inv: Inventory) -> str:
         lines.append(f"{'GPU':<15}{'VENDOR':<9}{'NUMA':<6}{'ROOT':<13}{'LINKS':<7}MODEL")
         for g in inv.gpus:
             numa, root = _locality(inv, g.bus_id)
+            links = _links(g)
             lines.append(
-                f"{g.bus_id:<15}{g.vendor:<9}{numa:<6}{root:<13}{len(g.nvlinks):<7}{g.model or '-'}"
+                f"{g.bus_id:<15}{g.vendor:<9}{numa:<6}{root:<13}{links:<7}{g.model or '-'}"
             )
     if inv.nics:
         lines.append("")
@@ -82,7 +94,9 @@ def inventory_table(inv: Inventory) -> str:
             model = nic.model or "-"
             lines.append(f"{nic.bus_id:<15}{numa:<6}{root:<13}{rdma:<10}{net:<16}{model}")
     lines.append("")
-    lines.append("probes: " + ", ".join(f"{p.name}={p.state}" for p in inv.probes))
+    # A probe that is not "ok" says why ("pci=unavailable" under listed PCI NICs only means
+    # the accelerator probe found no accelerator).
+    lines.append("probes: " + ", ".join(_probe_text(p.name, p.state, p.detail) for p in inv.probes))
     for w in inv.warnings:
         lines.append(f"warning: {w}")
     return "\n".join(lines) + "\n"

@@ -8,9 +8,10 @@ from __future__ import annotations
 from typing import Any
 
 from discovery.readers import format_cpulist
+from discovery.words import plural
 from normalize.relations import LEGEND, RelationMatrix
 
-__all__ = ["format_topo", "graph_table", "graph_to_dot"]
+__all__ = ["format_topo", "graph_table", "graph_to_dot", "plural"]
 
 
 def _cell(value: str) -> str:
@@ -18,7 +19,9 @@ def _cell(value: str) -> str:
 
 
 def format_topo(matrix: RelationMatrix, affinity: bool = True) -> str:
-    """Tab-separated table like ``nvidia-smi topo -m`` (affinity columns on GPU rows)."""
+    """Tab-separated table like ``nvidia-smi topo -m`` (affinity columns on GPU rows, and
+    only when there is a GPU row)."""
+    affinity = affinity and any(label.startswith("GPU") for label in matrix.labels)
     lines = []
     header = ["", *matrix.labels]
     if affinity:
@@ -72,7 +75,8 @@ def graph_table(graph: dict[str, Any]) -> str:
     if matrix.labels:
         out.append(format_topo(matrix))
     else:
-        out.append("(no GPUs or NICs)\n")
+        # NICs may still be listed below: the matrix holds GPUs and RDMA NICs only.
+        out.append("(no relation matrix: no GPUs or RDMA NICs; --matrix-nics all adds any NIC)\n")
     verts = {v["id"]: v for v in graph.get("vertices", [])}
     rows = [("LABEL", "BUS ID", "DRA DEVICE", "NUMA", "PCIE ROOT", "MODEL")]
     for d in graph.get("devices", []):
@@ -93,7 +97,9 @@ def graph_table(graph: dict[str, Any]) -> str:
         if v["kind"] == "nic" and v["id"] not in listed:
             # Network functions outside the matrix (no RDMA, SR-IOV VFs): still devices.
             a = v["attrs"]
-            numa = a.get("numa_node", a.get("locality_numa_node"))
+            # The kernel's numa_node only: -1 (a VM) is unknown here as in the slice, not
+            # the node the locality rule would guess.
+            numa = a.get("numa_node")
             rows.append(
                 (
                     "VF" if a.get("is_vf") else "NIC",
@@ -104,25 +110,45 @@ def graph_table(graph: dict[str, Any]) -> str:
                     a.get("model") or "-",
                 )
             )
-    for v in graph.get("vertices", []):
-        if v["kind"] == "cpu_group":
-            a = v["attrs"]
-            numa = a.get("numa_node")
-            rows.append(
-                (
-                    "CPU",
-                    a.get("cpus", "-"),
-                    a.get("dra_device", "-"),
-                    "-" if numa is None else str(numa),
-                    ",".join(a.get("pcie_roots", [])) or "-",
-                    a.get("grouping", "-"),
-                )
+    cpu_model = _machine_attrs(graph).get("cpu_model") or "CPUs"
+    groups = [v for v in graph.get("vertices", []) if v["kind"] == "cpu_group"]
+    for i, v in enumerate(groups):
+        a = v["attrs"]
+        numa = a.get("numa_node")
+        rows.append(
+            (
+                f"CPU{i}",
+                a.get("cpus", "-"),
+                a.get("dra_device", "-"),
+                "-" if numa is None else str(numa),
+                ",".join(a.get("pcie_roots", [])) or "-",
+                f"{cpu_model} ({_group_words(a)})",
             )
+        )
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]) - 1)]
     for r in rows:
         cells = [str(c).ljust(w) for c, w in zip(r[:-1], widths, strict=True)]
         out.append("  ".join([*cells, str(r[-1])]).rstrip())
     return "\n".join(out) + "\n"
+
+
+_GROUPS = {"numa": "of one NUMA node", "l3": "sharing an L3 cache", "core": "of one core"}
+
+
+def _group_words(attrs: dict[str, Any]) -> str:
+    """``64 CPUs of one NUMA node``: what a CPU-group device holds."""
+    count = attrs.get("cpu_count")
+    what = plural(count, "CPU") if isinstance(count, int) else "CPUs"
+    grouping = str(attrs.get("grouping") or "")
+    return f"{what} {_GROUPS.get(grouping, grouping)}".rstrip()
+
+
+def _machine_attrs(graph: dict[str, Any]) -> dict[str, Any]:
+    for v in graph.get("vertices", []):
+        if v["kind"] == "machine":
+            attrs: dict[str, Any] = v.get("attrs") or {}
+            return attrs
+    return {}
 
 
 _DOT_SHAPES = {

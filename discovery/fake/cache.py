@@ -3,10 +3,15 @@
 Building a machine's tree (thousands of small files) and deleting it again took most of
 a cold ``toposlice discover --fake``. Trees are deterministic, so each is built once and
 kept under the cache folder, keyed by a hash of the machine file's bytes and of the
-generator's own source: an edited machine file or generator gives a new entry, and the
-file's entries under an older key are removed once unused for ten minutes. An entry is complete or
-absent (built in a temporary folder, renamed into place). The parsed machine is kept
-beside the tree (pickled), so a hit needs neither the YAML parser nor the loader.
+generator's own source, never by where the file lives: every clone of the project, and
+every copy of a machine file, shares one entry. An entry is complete or absent (built in
+a temporary folder, renamed into place). The parsed machine is kept beside the tree
+(pickled), so a hit needs neither the YAML parser nor the loader.
+
+The folder is bounded: after each build the least recently used entries (a hit touches
+its entry) are removed until the entries total at most ``$TOPOSLICE_FAKE_CACHE_MAX_MB``
+(default 256 MB, of a RAM-backed tmpfs); an entry used in the last minute is kept even
+over the bound, since a running process may still read it.
 
 Callers only read the tree. ``$TOPOSLICE_FAKE_CACHE`` names the folder (``off``: no
 cache, a fresh tree each time as :func:`discovery.fake.fake_host` makes); the default
@@ -33,9 +38,20 @@ if TYPE_CHECKING:
     from discovery.fake import FakeHost
     from discovery.fake.spec import MachineSpec
 
-__all__ = ["CACHE_ENV", "SHM", "cache_dir", "cached_host", "machine_key"]
+__all__ = [
+    "CACHE_ENV",
+    "MAX_MB_ENV",
+    "SHM",
+    "cache_dir",
+    "cached_host",
+    "machine_key",
+    "max_bytes",
+]
 
 CACHE_ENV = "TOPOSLICE_FAKE_CACHE"
+MAX_MB_ENV = "TOPOSLICE_FAKE_CACHE_MAX_MB"
+DEFAULT_MAX_MB = 256
+_SIZE = "size"
 _HERE = Path(__file__).resolve().parent
 _SPEC = "machine.pickle"
 _TREE = "root"
@@ -112,12 +128,45 @@ def _machine_file(name_or_path: str) -> Path:
     return machine_path(name_or_path)
 
 
-def _entry_prefix(path: Path) -> str:
-    """``<stem>-<hash of the file's absolute path>-``: one file's entries share it, two
-    files of the same name do not (they never remove each other's trees)."""
+def _entry_name(path: Path) -> str:
+    """``<stem>-<content key>``: the stem only makes the folder readable; the key alone
+    decides (two copies of one file, in two clones, share the entry)."""
     stem = "".join(c if c.isalnum() or c in "._-" else "_" for c in path.stem)[:64]
-    where = hashlib.sha256(os.path.abspath(path).encode()).hexdigest()[:8]
-    return f"{stem}-{where}-"
+    return f"{stem}-{machine_key(path)}"
+
+
+def max_bytes() -> int:
+    """The bound on the cache's entries: ``$TOPOSLICE_FAKE_CACHE_MAX_MB`` megabytes (default
+    256; a value that is no number >= 0 gives the default)."""
+    text = os.environ.get(MAX_MB_ENV, "").strip()
+    try:
+        mb = float(text) if text else DEFAULT_MAX_MB
+    except ValueError:
+        mb = DEFAULT_MAX_MB
+    if not mb >= 0 or mb == float("inf"):
+        mb = DEFAULT_MAX_MB
+    return int(mb * 1_000_000)
+
+
+def _tree_bytes(root: Path) -> int:
+    """Space the tree takes (allocated blocks: on tmpfs every tiny file holds a page)."""
+    total = 0
+    for folder, dirs, files in os.walk(root):
+        for name in [*dirs, *files]:
+            try:
+                st = os.lstat(os.path.join(folder, name))
+            except OSError:
+                continue
+            total += st.st_blocks * 512 if st.st_blocks else st.st_size
+    return total
+
+
+def _entry_bytes(entry: Path) -> int:
+    """An entry's size as recorded at build time (measured, for an entry without one)."""
+    try:
+        return int((entry / _SIZE).read_text(encoding="ascii"))
+    except (OSError, ValueError):
+        return _tree_bytes(entry)
 
 
 def _load_entry(entry: Path) -> MachineSpec | None:
@@ -146,6 +195,7 @@ def _build_entry(cache: Path, entry: Path, path: Path) -> MachineSpec:
             pickle.dump(spec, fh, protocol=pickle.HIGHEST_PROTOCOL)
             fh.flush()
             os.fsync(fh.fileno())
+        (tmp / _SIZE).write_text(str(_tree_bytes(tmp)), encoding="ascii")
         try:
             os.rename(tmp, entry)
         except OSError:
@@ -155,30 +205,47 @@ def _build_entry(cache: Path, entry: Path, path: Path) -> MachineSpec:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    _prune(cache, entry, _entry_prefix(path))
+    prune(cache, keep=entry)
     return spec
 
 
-#: An entry of an older version of a file is removed once unused this long (seconds):
-#: a process that started on it before the file changed is done with it by then.
-STALE_AFTER = 600.0
+#: An entry used this recently (seconds) is never removed: a process may be reading it.
+IN_USE_FOR = 60.0
+#: A temporary build folder this old was left by a killed build.
+ABANDONED_AFTER = 3600.0
 
 
-def _prune(cache: Path, keep: Path, prefix: str) -> None:
-    """Remove the same file's entries under other keys (an older file or generator) that
-    no run has used for :data:`STALE_AFTER` (a hit touches its entry)."""
+def prune(cache: Path, keep: Path | None = None, limit: int | None = None) -> None:
+    """Remove the least recently used entries until the rest total at most ``limit``
+    bytes (default :func:`max_bytes`); ``keep`` and entries used in the last
+    :data:`IN_USE_FOR` seconds stay. Leftover temporary folders of killed builds go too."""
+    limit = max_bytes() if limit is None else limit
     now = time.time()
+    entries: list[tuple[float, int, Path]] = []
     for other in cache.iterdir():
-        if other == keep or not other.name.startswith(prefix):
-            continue
         try:
-            if now - other.stat().st_mtime < STALE_AFTER:
-                continue
-            trash = cache / f".trash-{other.name}"
+            st = other.stat()
+        except OSError:
+            continue
+        if other.name.startswith((".tmp-", ".trash-")):
+            if now - st.st_mtime > ABANDONED_AFTER:
+                shutil.rmtree(other, ignore_errors=True)
+            continue
+        if other.is_dir():
+            entries.append((st.st_mtime, _entry_bytes(other), other))
+    total = sum(size for _, size, _ in entries)
+    for used, size, other in sorted(entries, key=lambda e: e[0]):
+        if total <= limit:
+            break
+        if other == keep or now - used < IN_USE_FOR:
+            continue
+        trash = cache / f".trash-{other.name}"
+        try:
             os.rename(other, trash)
         except OSError:
             continue
         shutil.rmtree(trash, ignore_errors=True)
+        total -= size
 
 
 @contextmanager
@@ -192,7 +259,7 @@ def cached_host(name_or_path: str) -> Iterator[FakeHost]:
     cache = cache_dir()
     spec = None
     if cache is not None:
-        entry = cache / (_entry_prefix(path) + machine_key(path))
+        entry = cache / _entry_name(path)
         spec = _load_entry(entry)
         if spec is None:
             if entry.exists():  # damaged or from another Python: rebuilt
@@ -206,7 +273,7 @@ def cached_host(name_or_path: str) -> Iterator[FakeHost]:
             yield host
         return
     try:
-        os.utime(entry)  # in use: not stale (see _prune)
+        os.utime(entry)  # recently used: the last to go (see prune)
     except OSError:
         pass
     yield FakeHost(root=entry / _TREE, nvml=make_nvml(spec), spec=spec)
