@@ -507,8 +507,13 @@ class Daemon:
         from .vendor_cdi import VendorCdi, spec_dirs
 
         cfg = self.cfg
-        # toposlice's own spec files (one per claim) hold no vendor device: not read.
-        own = (f"{cdi.vendor_for(cfg.driver_name)}-", f"{cfg.driver_name}-")
+        # toposlice's own spec files (one per claim, and the device metadata specs
+        # ``<driver>_metadata_*``) hold no vendor device: not read.
+        own = (
+            f"{cdi.vendor_for(cfg.driver_name)}-",
+            f"{cfg.driver_name}-",
+            f"{cfg.driver_name}_metadata_",
+        )
         dirs = cfg.cdi_spec_dirs or spec_dirs(None, cfg.cdi_root)
         return VendorCdi(dirs, cfg.root, own_prefixes=own)
 
