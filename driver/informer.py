@@ -7,7 +7,11 @@ MODIFIED and DELETED. When a stream ends (the server's ``timeoutSeconds``, an AP
 restart, a broken connection) the watch resumes from the last resourceVersion seen, from
 an event or a bookmark; when the server did not answer, after a capped exponential
 backoff with jitter, so a fleet does not return in step. Only ``410 Gone`` (the version
-left the server's window) lists again. There is no periodic LIST.
+left the server's window) lists again, once, served from the API server's watch cache
+(``resourceVersionMatch=NotOlderThan`` the last version seen). A restarted API server
+starts its watch cache at etcd's current revision, so a watch older than that gets 410:
+one LIST per informer after an API-server restart, measured in
+tests/e2e/test_scorer_informers.py. There is no periodic LIST.
 
 Objects are kept as ``transform(obj)`` (what the reader needs, not 16 KB of slice) under
 ``namespace/name`` (``name`` for cluster-scoped kinds); ``on_event(type, key, old, new)``
@@ -93,6 +97,7 @@ class Informer(Generic[T]):
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._watch: Any = None
+        self._list_from: str | None = None
 
     # -- reads ---------------------------------------------------------------------------
 
@@ -138,7 +143,7 @@ class Informer(Generic[T]):
                 continue
             except Gone:
                 log.info("informer %s: resourceVersion too old, listing again", self.name)
-                self.resource_version = None
+                self._expired()
                 continue
             except Exception as exc:
                 from .kube import failure
@@ -147,7 +152,7 @@ class Informer(Generic[T]):
                     return
                 fail = failure(exc)
                 if fail.status == 410:
-                    self.resource_version = None
+                    self._expired()
                     continue
                 self.failures += 1
                 self.last_error = fail.message
@@ -162,6 +167,10 @@ class Informer(Generic[T]):
                 )
                 self._stop.wait(delay)
 
+    def _expired(self) -> None:
+        self._list_from = self.resource_version
+        self.resource_version = None
+
     def backoff(self, attempt: int) -> float:
         ceiling = min(self.backoff_max, self.backoff_base * (2 ** min(attempt, 30)))
         return ceiling * (0.5 + 0.5 * self.rng.random())
@@ -174,6 +183,9 @@ class Informer(Generic[T]):
             kwargs: dict[str, Any] = dict(self.selectors, limit=self.page_size)
             if token:
                 kwargs["_continue"] = token
+            elif self._list_from:  # a relist: any state at least this new will do
+                kwargs["resource_version"] = self._list_from
+                kwargs["resource_version_match"] = "NotOlderThan"
             resp = self.list_fn(_preload_content=False, _request_timeout=(5.0, 60.0), **kwargs)
             page: dict[str, Any] = json.loads(resp.data)
             yield page
@@ -204,8 +216,12 @@ class Informer(Generic[T]):
         answered, so the next retry need not back off)."""
         from kubernetes import watch
 
-        timeout = int(self.watch_timeout_s * (0.9 + 0.2 * self.rng.random()))
-        w = watch.Watch()
+        timeout = max(1, int(self.watch_timeout_s * (0.9 + 0.2 * self.rng.random())))
+        # ``object``: events stay plain JSON (no typed models), and the client's 410 and
+        # bookmark handling still runs (with deserialize=False it does not: an ERROR event
+        # raises KeyError there). Naming the type also skips the client's model lookup,
+        # which fails for kinds whose model names it mangles (ResourceClaim).
+        w = watch.Watch(return_type=object)
         self._watch = w
         self.watches += 1
         delivered = False
@@ -216,7 +232,6 @@ class Informer(Generic[T]):
                 resource_version=self.resource_version,
                 allow_watch_bookmarks=True,
                 timeout_seconds=timeout,
-                deserialize=False,
                 _request_timeout=(5.0, timeout + 30.0),
                 **self.selectors,
             ):
