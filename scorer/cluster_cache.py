@@ -71,6 +71,8 @@ class PoolUse:
 
 
 EMPTY_USE = PoolUse()
+#: Changes logged before the log starts over.
+CHANGES_KEPT = 100_000
 
 
 def claim_counts(spec: dict[str, Any], driver: str) -> tuple[int, int]:
@@ -125,6 +127,23 @@ class ClusterCache:
         self._use: dict[str, PoolUse] = {}
         self._lock = threading.Lock()
         self.informers: list[Informer[Any]] = []
+        self.changes: list[tuple[str, str]] = []
+        """What changed, in order: ("pool", name) when a pool's occupancy did, ("node",
+        name) when a node's graph did. Readers keep their place in it (index + base)."""
+        self.change_base = 0
+        if self.graphs.on_change is None:
+            self.graphs.on_change = lambda node: self._changed("node", node)
+
+    def _changed(self, kind: str, name: str) -> None:
+        """Log a change (after the state it names was updated)."""
+        with self._lock:
+            self._log(kind, name)
+
+    def _log(self, kind: str, name: str) -> None:
+        if len(self.changes) >= CHANGES_KEPT:  # readers this far behind start over
+            self.change_base += len(self.changes)
+            self.changes = []
+        self.changes.append((kind, name))
 
     # -- reads ---------------------------------------------------------------------------
 
@@ -214,6 +233,7 @@ class ClusterCache:
                 else:
                     self._pool_claims.pop(pool, None)
                     self._use.pop(pool, None)
+                self._log("pool", pool)
 
     def on_template(
         self, typ: str, key: str, old: tuple[int, int] | None, new: tuple[int, int] | None

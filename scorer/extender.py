@@ -29,7 +29,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
@@ -47,16 +47,37 @@ MAX_EXTENDER_PRIORITY = 10
 SHARED_CACHE_LIMIT = 100_000
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Verdict:
     """One node for one request: its best placement's score (0..100), or -1 and why not."""
 
     score: float
     reason: str = ""
+    fits: bool = field(init=False)
+    priority: int = field(init=False)
+    """The HostPriority score, 0..MAX_EXTENDER_PRIORITY (computed once: read per node
+    per call)."""
 
-    @property
-    def fits(self) -> bool:
-        return self.score >= 0
+    def __post_init__(self) -> None:
+        fits = self.score >= 0
+        prio = round(max(0.0, min(100.0, self.score)) / 10.0) if fits else 0
+        object.__setattr__(self, "fits", fits)
+        object.__setattr__(self, "priority", int(min(MAX_EXTENDER_PRIORITY, prio)))
+
+
+class _Shape:
+    """The verdicts of every node for one request shape, valid up to change ``seq`` of
+    the cluster cache's change log."""
+
+    __slots__ = ("seq", "verdicts")
+
+    def __init__(self, seq: int) -> None:
+        self.seq = seq
+        self.verdicts: dict[str, Verdict] = {}
+
+
+#: Request shapes whose verdicts are kept (least recently used dropped first).
+SHAPES_KEPT = 256
 
 
 @lru_cache(maxsize=4096)
@@ -97,7 +118,8 @@ class Extender:
     def __init__(self, cluster: ClusterCache) -> None:
         self.cluster = cluster
         self.driver = cluster.driver
-        self._by_node: dict[str, tuple[NodeTopology, PoolUse, dict[Any, Verdict]]] = {}
+        self._shapes: dict[Any, _Shape] = {}
+        self._pool_nodes: dict[str, set[str]] = {}
         self._shared: dict[tuple[Any, ...], Verdict] = {}
         self.searches = 0
         """Node searches run (cache misses); the bench reads it."""
@@ -136,34 +158,58 @@ class Extender:
 
     # -- decisions -----------------------------------------------------------------------
 
-    def verdict(self, node: str, labels: dict[str, str] | None, req: Request) -> Verdict:
-        """How well ``req`` fits ``node`` now: cached until the node's graph or occupancy
-        changes. ``labels``: the node's labels (the scheduler's Node, else the cache's)."""
-        topo = self.cluster.graphs.topology(node)
-        if topo is None:
-            return Verdict(-1.0, self.cluster.graphs.why_missing(node))
+    def shape(self, req: Request) -> _Shape:
+        """The verdict table of ``req``'s shape, brought up to date with the cluster
+        cache's change log (an allocation, a release, a new graph: only those nodes'
+        entries are dropped and searched again when next asked)."""
+        key = req.key()
+        view = self._shapes.pop(key, None)  # re-inserted last: the dict is the LRU order
+        base, log = self.cluster.change_base, self.cluster.changes
+        n = len(log)
+        if view is None or view.seq < base:
+            view = _Shape(base + n)
+        else:
+            for kind, name in log[view.seq - base : n]:
+                if kind == "pool":
+                    for node in self._pool_nodes.get(name, ()):
+                        view.verdicts.pop(node, None)
+                else:
+                    view.verdicts.pop(name, None)
+            view.seq = base + n
+        self._shapes[key] = view
+        if len(self._shapes) > SHAPES_KEPT:
+            del self._shapes[next(iter(self._shapes))]
+        return view
+
+    def verdict(
+        self, node: str, labels: dict[str, str] | None, req: Request, view: _Shape | None = None
+    ) -> Verdict:
+        """How well ``req`` fits ``node`` now. ``labels``: the node's labels as the
+        scheduler sent them (None: the Node informer's); ``view``: :meth:`shape` of
+        ``req`` (fetched when not given)."""
         if req.node_labels:
             if labels is None:
                 info = self.cluster.node(node)
                 labels = info.labels if info is not None else {}
             if not all(labels.get(k) == v for k, v in req.node_labels.items()):
                 return Verdict(-1.0, "node labels do not meet the workload's constraints")
+        view = view or self.shape(req)
+        found = view.verdicts.get(node)
+        if found is not None:
+            return found
+        topo = self.cluster.graphs.topology(node)
+        if topo is None:  # not cached: the graph may arrive any moment
+            return Verdict(-1.0, self.cluster.graphs.why_missing(node))
         use = self.cluster.pool_use(topo.pool)
-        entry = self._by_node.get(node)
-        if entry is None or entry[0] is not topo or entry[1] is not use:
-            entry = (topo, use, {})
-            self._by_node[node] = entry
-        key = req.key()
-        found = entry[2].get(key)
+        shared = (topo.signature, use, req.key())
+        found = self._shared.get(shared)
         if found is None:
-            shared = (topo.signature, use, key)
-            found = self._shared.get(shared)
-            if found is None:
-                found = self._search(topo, use, req)
-                if len(self._shared) >= SHARED_CACHE_LIMIT:
-                    self._shared.clear()
-                self._shared[shared] = found
-            entry[2][key] = found
+            found = self._search(topo, use, req)
+            if len(self._shared) >= SHARED_CACHE_LIMIT:
+                self._shared.clear()
+            self._shared[shared] = found
+        self._pool_nodes.setdefault(topo.pool, set()).add(node)
+        view.verdicts[node] = found
         return found
 
     def _search(self, topo: NodeTopology, use: PoolUse, req: Request) -> Verdict:
@@ -177,6 +223,21 @@ class Extender:
         if not found:
             return Verdict(-1.0, f"no {req.gpus}-GPU placement fits the free devices")
         return Verdict(found[0].score)
+
+    def verdicts(self, req: Request, nodes: list[Any]) -> dict[str, Verdict]:
+        """Every candidate's verdict, in the order sent (names or Node objects)."""
+        view = self.shape(req)
+        if req.node_labels:
+            return {
+                name: self.verdict(name, labels, req, view) for name, labels, _ in _named(nodes)
+            }
+        cached = view.verdicts.get
+        out: dict[str, Verdict] = {}
+        for n in nodes:
+            name = n if isinstance(n, str) else _name_of(n)
+            v = cached(name)
+            out[name] = v if v is not None else self.verdict(name, None, req, view)
+        return out
 
     def decide(
         self, req: Request, verdicts: dict[str, Verdict]
@@ -198,8 +259,7 @@ class Extender:
             return _filter_result([], {}, by_name, error=str(exc))
         if req is None:
             return _filter_result(nodes, {}, by_name)
-        verdicts = {name: self.verdict(name, labels, req) for name, labels, _ in _named(nodes)}
-        kept, failed = self.decide(req, verdicts)
+        kept, failed = self.decide(req, self.verdicts(req, nodes))
         keep = set(kept)
         return _filter_result([n for n in nodes if _name_of(n) in keep], failed, by_name)
 
@@ -209,15 +269,9 @@ class Extender:
             req = self.workload(wire_field(args, "Pod") or {})
         except ValueError:
             req = None
-        out = []
-        for name, labels, _ in _named(nodes):
-            if req is None:
-                out.append({"Host": name, "Score": 0})
-                continue
-            v = self.verdict(name, labels, req)
-            value = 0 if not v.fits else round(max(0.0, min(100.0, v.score)) / 10.0)
-            out.append({"Host": name, "Score": int(min(MAX_EXTENDER_PRIORITY, value))})
-        return out
+        if req is None:
+            return [{"Host": name, "Score": 0} for name, _, _ in _named(nodes)]
+        return [{"Host": n, "Score": v.priority} for n, v in self.verdicts(req, nodes).items()]
 
 
 def _nodes(args: dict[str, Any]) -> tuple[list[Any], bool]:

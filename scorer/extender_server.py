@@ -132,6 +132,27 @@ class ExtenderServer(HttpTransport):
         return self.response(route, status, JSON, data, keep, head_only, extra)
 
 
+#: Seconds between moves of the collector's survivors into its permanent generation.
+FREEZE_EVERY_S = 30.0
+
+
+def serve(server: ExtenderServer, freeze_every_s: float = FREEZE_EVERY_S) -> None:
+    """Block while ``server`` runs; every ``freeze_every_s`` move the objects that
+    survived so far out of the cyclic garbage collector's reach (``gc.freeze``).
+
+    Why: the caches (1,000 nodes' views, verdict tables, search results) are long-lived
+    and acyclic; a full collection walking them took 80 ms of CPU at N=1000 (0.3-0.9 s
+    wall on a loaded 2-core machine), a pause any call could land in. Frozen objects are
+    still freed by reference counting when replaced; only reference cycles alive at a
+    freeze would stay, and the caches hold none."""
+    import gc
+
+    gc.freeze()
+    while server._thread is not None and server._thread.is_alive():
+        server._thread.join(freeze_every_s)
+        gc.freeze()
+
+
 class _Live(Collector):
     """Counters read at scrape time: searches, graph fetches, informer state."""
 

@@ -66,7 +66,7 @@ class GraphSource:
         rng: random.Random | None = None,
         on_change: Callable[[str], None] | None = None,
     ) -> None:
-        self._static = {name: from_graph(g) for name, g in (static or {}).items()}
+        self._static = {name: _view(g) for name, g in (static or {}).items()}
         self.url_template = url_template
         self.workers = workers
         self.connect_timeout_s = connect_timeout_s
@@ -225,7 +225,7 @@ class GraphSource:
             graph = json.loads(resp.data)
             if not isinstance(graph, dict) or graph.get("schema") != GRAPH_SCHEMA:
                 raise ValueError(f"not a {GRAPH_SCHEMA} document")
-            view = from_graph(graph)
+            view = _view(graph)
         except Exception as exc:
             self.stats.failed += 1
             entry.failures += 1
@@ -239,7 +239,7 @@ class GraphSource:
             return
         self.stats.fetched += 1
         if view.name != node:  # the exporter names its node; the scheduler's name wins
-            view = from_graph({**graph, "node": node})
+            view = _view({**graph, "node": node})
         entry.etag = resp.headers.get("ETag")
         entry.topology = view  # the swap the extender sees: one reference assignment
         self._ok(node, entry)
@@ -249,6 +249,14 @@ class GraphSource:
     def _ok(self, node: str, entry: _Entry) -> None:
         entry.failures = 0
         entry.error = ""
+
+
+def _view(graph: dict[str, Any]) -> NodeTopology:
+    """The scoring view without the document it came from: 1,000 parsed graphs are
+    millions of objects the garbage collector would walk, and scoring needs none of it."""
+    view = from_graph(graph)
+    view.graph = {}
+    return view
 
 
 def _reason(exc: BaseException) -> str:

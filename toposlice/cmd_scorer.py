@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--fetch-workers {args.fetch_workers}: must be at least 1")
     from scorer.cluster_cache import ClusterCache
     from scorer.extender import Extender
-    from scorer.extender_server import ExtenderServer
+    from scorer.extender_server import ExtenderServer, serve
     from scorer.graph_source import GraphSource
     from scorer.topology import read_graph_file
     from toposlice.cmd_score import fake_node
@@ -115,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
         cache.start_informers(client)
     print(f"toposlice scorer: serving on {host}:{server.address[1]}", file=sys.stderr)
     try:
-        server.serve_forever()
+        serve(server)
     except KeyboardInterrupt:
         pass
     finally:
