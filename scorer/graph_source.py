@@ -146,8 +146,10 @@ class GraphSource:
         import urllib3
 
         self._http = urllib3.PoolManager(
+            # One pool per node address; kept connections serve a burst of revalidations
+            # (the exporters close idle ones after 30 s).
             num_pools=max(64, self.workers * 4),
-            maxsize=1,
+            maxsize=self.workers,
             retries=False,
             timeout=urllib3.Timeout(connect=self.connect_timeout_s, read=self.read_timeout_s),
         )
