@@ -1,4 +1,4 @@
-"""The one HTTP server of toposlice: probes, the exporter endpoints, ``/metrics`` and the page.
+"""The exporter's routes: probes, the exporter endpoints, ``/metrics`` and the page.
 
 Routes (GET and HEAD; anything else 405 with ``Allow``; unknown paths 404):
 
@@ -26,34 +26,25 @@ daemon never calls :meth:`HttpServer.publish`, a one-second timer notices a new
 ``view.snapshot()`` and renders it in a worker thread. The page depends on allocations and
 health too and is re-rendered when those change.
 
-The stack is asyncio on uvloop (when installed) with httptools' llhttp parser: ~20 µs of
-Python per request, so the GIL held by a discovery running in another thread, not the
-server, sets the tail latency (see docs/exporter.md). Hostile clients cannot hurt others:
-header block and body sizes are capped (431/413), malformed requests get 400 and a close, a
-request must arrive whole within ``header_timeout`` (slowloris), idle keep-alive connections
-close, connections beyond ``max_connections`` are refused with 503, and a client that does
-not read its responses stops being read (write-buffer back-pressure).
+Connections, limits and framing are the project's one HTTP stack
+(driver/http_transport.py, shared with the scorer's extender): ~20 µs of Python per
+request, so the GIL held by a discovery running in another thread, not the server, sets
+the tail latency (see docs/exporter.md).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gzip
 import hashlib
 import json
 import logging
-import socket
 import threading
-import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from email.utils import formatdate
 from typing import Any
 from urllib.parse import parse_qs
 
-import httptools
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -61,6 +52,7 @@ from discovery.model import Inventory
 from normalize.crossdriver import NormalizationReport, empty_report, with_dra_identities
 from normalize.snapshot import Snapshot
 
+from .http_transport import HttpTransport, Limits, Request, parse_addr
 from .interfaces import DeviceHealth, ExporterView
 from .links import degraded_link_warnings
 from .metrics import DeviceInfo, DriverMetrics
@@ -80,22 +72,6 @@ ROUTES = (
 ALLOW = b"GET, HEAD"
 JSON = b"application/json"
 _KEEP: Any = object()
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Bounds on what one client may cost."""
-
-    max_header_bytes: int = 16 * 1024
-    """Request line plus headers; beyond: 431 and close."""
-    max_body_bytes: int = 4 * 1024
-    """No route takes a body; a small one is read and ignored, a larger one gets 413."""
-    header_timeout: float = 10.0
-    """A request must arrive whole this soon after its first byte (slowloris)."""
-    keepalive_timeout: float = 30.0
-    max_connections: int = 1024
-    write_buffer_high: int = 512 * 1024
-    """Stop reading a client whose unread responses exceed this (pipelining abuse)."""
 
 
 @dataclass(frozen=True)
@@ -213,14 +189,6 @@ def device_infos(rendered: Rendered) -> list[DeviceInfo]:
     return out
 
 
-def parse_addr(addr: str) -> tuple[str, int]:
-    """``host:port``, ``:port`` (all interfaces) or ``[v6]:port``; ValueError when bad
-    (the wording every command uses: :func:`driver.config.parse_http_addr`)."""
-    from .config import parse_http_addr
-
-    return parse_http_addr(addr)
-
-
 def _etag_match(header: bytes, etag: bytes) -> bool:
     if header == etag or header == b"*":
         return True
@@ -244,234 +212,11 @@ def _wants_gzip(header: bytes | None) -> bool:
     return False
 
 
-_REASONS = {
-    200: b"OK",
-    304: b"Not Modified",
-    400: b"Bad Request",
-    404: b"Not Found",
-    405: b"Method Not Allowed",
-    408: b"Request Timeout",
-    413: b"Content Too Large",
-    431: b"Request Header Fields Too Large",
-    500: b"Internal Server Error",
-    503: b"Service Unavailable",
-}
+__all__ = ["HttpServer", "Limits", "Rendered", "Resource", "parse_addr", "render"]
 
 
-class _Clock:
-    """The ``Date`` header, formatted once a second."""
-
-    def __init__(self) -> None:
-        self._sec = 0
-        self._value = b""
-
-    def date(self) -> bytes:
-        now = int(time.time())
-        if now != self._sec:
-            self._sec = now
-            self._value = formatdate(now, usegmt=True).encode()
-        return self._value
-
-
-class _Stats:
-    """Request counters kept as plain ints on the event loop thread (no locks per request)."""
-
-    def __init__(self) -> None:
-        self.requests: dict[tuple[str, int], int] = {}
-        self.rejected: dict[str, int] = {}
-        self.connections = 0
-
-    def count(self, route: str, status: int) -> None:
-        key = (route, status)
-        self.requests[key] = self.requests.get(key, 0) + 1
-
-    def reject(self, why: str) -> None:
-        self.rejected[why] = self.rejected.get(why, 0) + 1
-
-
-class _Conn(asyncio.Protocol):
-    """One client connection: httptools parses, the server answers from prepared bytes."""
-
-    __slots__ = (
-        "_accept_gzip",
-        "_body",
-        "_header_bytes",
-        "_headers_done",
-        "_inm",
-        "_paused",
-        "_raw",
-        "_timer",
-        "_url",
-        "parser",
-        "server",
-        "transport",
-    )
-
-    def __init__(self, server: HttpServer) -> None:
-        self.server = server
-        self.transport: asyncio.Transport | None = None
-        self.parser = httptools.HttpRequestParser(self)
-        self._url = b""
-        self._inm: bytes | None = None
-        self._accept_gzip: bytes | None = None
-        self._header_bytes = 0
-        self._raw = 0
-        self._headers_done = True
-        self._body = 0
-        self._paused = False
-        self._timer: asyncio.TimerHandle | None = None
-
-    # -- asyncio.Protocol -----------------------------------------------------------------
-
-    def connection_made(self, transport: Any) -> None:
-        self.transport = transport  # uvloop's TCPTransport is not an asyncio.Transport
-        srv = self.server
-        srv._conns.add(self)
-        srv.stats.connections += 1
-        if len(srv._conns) > srv.limits.max_connections:
-            srv.stats.reject("too_many_connections")
-            self._error(503, b"too many connections\n")
-            return
-        transport.set_write_buffer_limits(high=srv.limits.write_buffer_high)
-        self._arm(srv.limits.keepalive_timeout)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.server._conns.discard(self)
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        self.transport = None
-
-    def data_received(self, data: bytes) -> None:
-        if self.transport is None or self.transport.is_closing():
-            return
-        # Raw bytes since the last header block ended: bounds what the parser buffers for a
-        # header that never ends. on_url/on_header count each block exactly.
-        self._raw += len(data)
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            self.server.stats.reject("upgrade")
-            self._error(400, b"protocol upgrades are not supported\n")
-        except _Reject as rej:
-            self.server.stats.reject(rej.why)
-            self._error(rej.status, rej.text)
-        except httptools.HttpParserError as exc:
-            # A limit raised in a callback arrives wrapped in HttpParserCallbackError.
-            cause = exc.__context__ if isinstance(exc.__context__, _Reject) else None
-            if cause is not None:
-                self.server.stats.reject(cause.why)
-                self._error(cause.status, cause.text)
-            else:
-                self.server.stats.reject("malformed")
-                self._error(400, b"malformed request\n")
-        else:
-            if self._raw > self.server.limits.max_header_bytes + self.server.limits.max_body_bytes:
-                self.server.stats.reject("header_too_large")
-                self._error(431, b"request header too large\n")
-
-    def pause_writing(self) -> None:
-        if self.transport is not None and not self._paused:
-            self._paused = True
-            self.transport.pause_reading()
-
-    def resume_writing(self) -> None:
-        if self.transport is not None and self._paused:
-            self._paused = False
-            self.transport.resume_reading()
-
-    # -- httptools callbacks ---------------------------------------------------------------
-
-    def on_message_begin(self) -> None:
-        self._url = b""
-        self._inm = None
-        self._accept_gzip = None
-        self._headers_done = False
-        self._header_bytes = 0
-        self._body = 0
-        self._arm(self.server.limits.header_timeout)
-
-    def on_url(self, url: bytes) -> None:
-        self._url += url
-        self._header_bytes += len(url)
-        if self._header_bytes > self.server.limits.max_header_bytes:
-            raise _Reject(431, "header_too_large", b"request line too long\n")
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self._header_bytes += len(name) + len(value) + 4
-        if self._header_bytes > self.server.limits.max_header_bytes:
-            raise _Reject(431, "header_too_large", b"request header too large\n")
-        n = len(name)
-        if n == 13 and name.lower() == b"if-none-match":
-            self._inm = value
-        elif n == 15 and name.lower() == b"accept-encoding":
-            self._accept_gzip = value
-        elif n == 14 and name.lower() == b"content-length":
-            if not value.strip().isdigit() or int(value) > self.server.limits.max_body_bytes:
-                raise _Reject(413, "body_too_large", b"request body too large\n")
-
-    def on_headers_complete(self) -> None:
-        self._headers_done = True
-        self._raw = 0
-
-    def on_body(self, body: bytes) -> None:
-        self._body += len(body)
-        if self._body > self.server.limits.max_body_bytes:
-            raise _Reject(413, "body_too_large", b"request body too large\n")
-
-    def on_message_complete(self) -> None:
-        t = self.transport
-        if t is None:
-            return
-        # An Upgrade (h2c, websocket) is ignored, as RFC 9110 allows; the connection closes
-        # after the answer since the client may switch protocols regardless.
-        keep = self.parser.should_keep_alive() and not self.parser.should_upgrade()
-        method = self.parser.get_method()
-        self.server._respond(self, method, self._url, self._inm, self._accept_gzip, keep)
-        if not keep:
-            t.close()
-        else:
-            self._arm(self.server.limits.keepalive_timeout)
-
-    # -- helpers ---------------------------------------------------------------------------
-
-    def _arm(self, seconds: float) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        loop = self.server._loop
-        if loop is not None:
-            self._timer = loop.call_later(seconds, self._timeout)
-
-    def _timeout(self) -> None:
-        self._timer = None
-        t = self.transport
-        if t is None or t.is_closing():
-            return
-        if self._headers_done:
-            t.close()  # idle keep-alive connection
-        else:
-            self.server.stats.reject("timeout")
-            self._error(408, b"request not received in time\n")
-
-    def _error(self, status: int, text: bytes) -> None:
-        t = self.transport
-        if t is None or t.is_closing():
-            return
-        t.write(self.server._head(status, b"text/plain; charset=utf-8", len(text), close=True))
-        t.write(text)
-        t.close()
-
-
-class _Reject(Exception):
-    def __init__(self, status: int, why: str, text: bytes) -> None:
-        super().__init__(why)
-        self.status = status
-        self.why = why
-        self.text = text
-
-
-class HttpServer:
-    """HTTP server over an :class:`~driver.interfaces.ExporterView`, in its own thread.
+class HttpServer(HttpTransport):
+    """The exporter over an :class:`~driver.interfaces.ExporterView`, in its own thread.
 
     ``addr``: ``host:port`` (``:port`` = all interfaces; port 0 picks one, see
     :attr:`address`). ``metrics``: the daemon's :class:`DriverMetrics` (one is made if
@@ -493,115 +238,26 @@ class HttpServer:
         limits: Limits | None = None,
         dot: DotRenderer | None = None,
     ) -> None:
-        self.host, self.port = parse_addr(addr)
+        super().__init__(addr, limits, thread_name="toposlice-http", workers=1)
         self.dot = dot
         self.view = view
         self.metrics = metrics if metrics is not None else DriverMetrics()
-        self.limits = limits or Limits()
         self.publishes = publishes
         self._ready = ready
-        self.stats = _Stats()
-        self._clock = _Clock()
         self._rendered = render(None, None, publishes, dot)
         self._recent: list[Snapshot] = []
         self._render_lock = threading.Lock()
         self._page: tuple[Any, bytes] | None = None
-        self._conns: set[_Conn] = set()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._server: asyncio.AbstractServer | None = None
-        self._thread: threading.Thread | None = None
-        self._sock: socket.socket | None = None
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="toposlice-render")
         self._pending = False
-        self._started = threading.Event()
         self.metrics.add_live(self._live_metrics)
 
-    # ---- lifecycle -----------------------------------------------------------------------
-
-    @property
-    def address(self) -> tuple[str, int]:
-        """The bound (host, port), after :meth:`start`."""
-        if self._sock is None:
-            return self.host, self.port
-        name = self._sock.getsockname()
-        return name[0], name[1]
-
-    @property
-    def url(self) -> str:
-        host, port = self.address
-        host = "127.0.0.1" if host in ("0.0.0.0", "") else host
-        return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
-
-    def start(self) -> HttpServer:
-        """Bind now (errors raise here) and serve from a daemon thread."""
-        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        # Rebind at once after a crash (kill -9) while old connections sit in TIME_WAIT.
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((self.host, self.port))
-            sock.listen(1024)
-        except OSError as exc:
-            sock.close()
-            where = f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
-            raise OSError(exc.errno, f"cannot listen on {where}: {exc.strerror or exc}") from exc
-        sock.setblocking(False)
-        self._sock = sock
+    def _before_serving(self) -> None:
         snap = self.view.snapshot()
         if snap is not None:
             self.publish(snap)
-        self._thread = threading.Thread(target=self._run, name="toposlice-http", daemon=True)
-        self._thread.start()
-        if not self._started.wait(10):
-            raise RuntimeError("HTTP server did not start")
-        return self
 
-    def _run(self) -> None:
-        loop = _new_loop()
-        self._loop = loop
-        asyncio.set_event_loop(loop)
-
-        async def serve() -> None:
-            assert self._sock is not None
-            self._server = await loop.create_server(lambda: _Conn(self), sock=self._sock)
-            loop.call_later(1.0, self._watch)
-
-        try:
-            loop.run_until_complete(serve())
-            self._started.set()
-            loop.run_forever()
-        except Exception:
-            log.exception("HTTP server failed")
-            self._started.set()
-        finally:
-            with contextlib.suppress(Exception):
-                loop.run_until_complete(loop.shutdown_asyncgens())
-            loop.close()
-
-    def stop(self, timeout: float = 5.0) -> None:
-        loop = self._loop
-        if loop is not None and loop.is_running():
-
-            def shutdown() -> None:
-                if self._server is not None:
-                    self._server.close()
-                for conn in list(self._conns):
-                    if conn.transport is not None:
-                        conn.transport.abort()
-                loop.stop()
-
-            loop.call_soon_threadsafe(shutdown)
-        if self._thread is not None:
-            self._thread.join(timeout)
-        if self._sock is not None:
-            self._sock.close()
-        self._pool.shutdown(wait=False)
-
-    def __enter__(self) -> HttpServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+    def on_started(self, loop: asyncio.AbstractEventLoop) -> None:
+        loop.call_later(1.0, self._watch)
 
     # ---- publishing ----------------------------------------------------------------------
 
@@ -661,72 +317,25 @@ class HttpServer:
 
     # ---- responding ----------------------------------------------------------------------
 
-    def _head(
-        self,
-        status: int,
-        content_type: bytes | None,
-        length: int | None,
-        *,
-        close: bool = False,
-        extra: bytes = b"",
-    ) -> bytes:
-        parts = [
-            b"HTTP/1.1 %d %s\r\nServer: toposlice\r\nDate: %s\r\n"
-            % (status, _REASONS.get(status, b"Unknown"), self._clock.date())
-        ]
-        if content_type is not None:
-            parts.append(b"Content-Type: %s\r\n" % content_type)
-        if length is not None:
-            parts.append(b"Content-Length: %d\r\n" % length)
-        if close:
-            parts.append(b"Connection: close\r\n")
-        parts.append(extra)
-        parts.append(b"\r\n")
-        return b"".join(parts)
-
-    def _respond(
-        self,
-        conn: _Conn,
-        method: bytes,
-        raw_url: bytes,
-        inm: bytes | None,
-        accept: bytes | None,
-        keep: bool,
-    ) -> None:
-        t = conn.transport
-        assert t is not None
-        try:
-            url = httptools.parse_url(raw_url or b"/")
-            path = (url.path or b"/").decode("latin-1")
-            query = (url.query or b"").decode("latin-1")
-        except httptools.HttpParserInvalidURLError:
-            self._send_text(t, "?", 400, b"bad request target\n", keep, method == b"HEAD")
-            return
-        head_only = method == b"HEAD"
+    def respond(self, req: Request) -> bytes:
+        path, keep, head_only = req.path, req.keep_alive, req.head_only
         if path not in ROUTES:
-            self._send_text(t, "other", 404, b"not found\n", keep, head_only)
-            return
-        if method not in (b"GET", b"HEAD"):
-            self._send_text(
-                t, path, 405, b"method not allowed\n", keep, False, b"Allow: %s\r\n" % ALLOW
+            return self.text("other", 404, b"not found\n", keep, head_only)
+        if req.method not in (b"GET", b"HEAD"):
+            return self.text(
+                path, 405, b"method not allowed\n", keep, False, b"Allow: %s\r\n" % ALLOW
             )
-            return
-        try:
-            self._route(t, path, query, inm, accept, keep, head_only)
-        except Exception:
-            log.exception("serving %s failed", path)
-            self._send_text(t, path, 500, b"internal error\n", keep, head_only)
+        return self._route(path, req.query, req.if_none_match, req.accept_encoding, keep, head_only)
 
     def _route(
         self,
-        t: asyncio.Transport,
         path: str,
         query: str,
         inm: bytes | None,
         accept: bytes | None,
         keep: bool,
         head_only: bool,
-    ) -> None:
+    ) -> bytes:
         r = self._rendered
         if path == "/v1/topology":
             res = r.topology
@@ -734,93 +343,60 @@ class HttpServer:
                 fmt = parse_qs(query).get("format", ["json"])[-1]
                 if fmt == "dot":
                     if r.dot is None and r.topology is not None:
-                        self._send_text(t, path, 404, b"no DOT renderer\n", keep, head_only)
-                        return
+                        return self.text(path, 404, b"no DOT renderer\n", keep, head_only)
                     res = r.dot
                 elif fmt != "json":
-                    self._send_text(t, path, 400, b"format must be json or dot\n", keep, head_only)
-                    return
-            self._send_resource(t, path, res, inm, accept, keep, head_only)
-        elif path == "/v1/inventory":
-            self._send_resource(t, path, r.inventory, inm, accept, keep, head_only)
-        elif path == "/v1/normalization":
-            self._send_resource(t, path, r.normalization, inm, accept, keep, head_only)
-        elif path == "/healthz":
-            self._send_text(t, path, 200, b"ok\n", keep, head_only)
-        elif path == "/readyz":
+                    return self.text(path, 400, b"format must be json or dot\n", keep, head_only)
+            return self._resource(path, res, inm, accept, keep, head_only)
+        if path == "/v1/inventory":
+            return self._resource(path, r.inventory, inm, accept, keep, head_only)
+        if path == "/v1/normalization":
+            return self._resource(path, r.normalization, inm, accept, keep, head_only)
+        if path == "/healthz":
+            return self.text(path, 200, b"ok\n", keep, head_only)
+        if path == "/readyz":
             ready, reason = self.readiness()
             text = (reason + "\n").encode()
-            self._send_text(t, path, 200 if ready else 503, text, keep, head_only)
-        elif path == "/metrics":
+            return self.text(path, 200 if ready else 503, text, keep, head_only)
+        if path == "/metrics":
             body = self.metrics.exposition()
             gz = _wants_gzip(accept)
             if gz:
                 body = gzip.compress(body, 1)
             extra = b"Content-Encoding: gzip\r\nVary: Accept-Encoding\r\n" if gz else b""
-            self._send(t, path, 200, CONTENT_TYPE_LATEST.encode(), body, keep, head_only, extra)
-        else:  # "/"
-            if r.doc is None:
-                self._send_text(t, path, 503, b"no discovery yet\n", keep, head_only)
-                return
-            body = self._page_bytes(r)
-            extra = b"Cache-Control: no-cache\r\n"
-            self._send(t, path, 200, b"text/html; charset=utf-8", body, keep, head_only, extra)
+            ctype = CONTENT_TYPE_LATEST.encode()
+            return self.response(path, 200, ctype, body, keep, head_only, extra)
+        # "/"
+        if r.doc is None:
+            return self.text(path, 503, b"no discovery yet\n", keep, head_only)
+        body = self._page_bytes(r)
+        extra = b"Cache-Control: no-cache\r\n"
+        return self.response(path, 200, b"text/html; charset=utf-8", body, keep, head_only, extra)
 
-    def _send_resource(
+    def _resource(
         self,
-        t: asyncio.Transport,
         route: str,
         res: Resource | None,
         inm: bytes | None,
         accept: bytes | None,
         keep: bool,
         head_only: bool,
-    ) -> None:
+    ) -> bytes:
         if res is None:
-            self._send_text(t, route, 503, b"no discovery yet\n", keep, head_only)
-            return
+            return self.text(route, 503, b"no discovery yet\n", keep, head_only)
         gz = res.gz is not None and _wants_gzip(accept)
         etag = res.gz_etag if gz else res.etag
         vary = b"Vary: Accept-Encoding\r\n" if res.gz is not None else b""
         if inm is not None and (_etag_match(inm, etag)):
             self.stats.count(route, 304)
-            t.write(
-                self._head(304, None, None, close=not keep, extra=b"ETag: %s\r\n%s" % (etag, vary))
+            return self.head(
+                304, None, None, close=not keep, extra=b"ETag: %s\r\n%s" % (etag, vary)
             )
-            return
         body = res.gz if gz and res.gz is not None else res.body
         extra = b"ETag: %s\r\n%s" % (etag, vary)
         if gz:
             extra += b"Content-Encoding: gzip\r\n"
-        self._send(t, route, 200, res.content_type, body, keep, head_only, extra)
-
-    def _send(
-        self,
-        t: asyncio.Transport,
-        route: str,
-        status: int,
-        content_type: bytes,
-        body: bytes,
-        keep: bool,
-        head_only: bool,
-        extra: bytes = b"",
-    ) -> None:
-        self.stats.count(route, status)
-        t.write(self._head(status, content_type, len(body), close=not keep, extra=extra))
-        if not head_only:
-            t.write(body)
-
-    def _send_text(
-        self,
-        t: asyncio.Transport,
-        route: str,
-        status: int,
-        text: bytes,
-        keep: bool,
-        head_only: bool,
-        extra: bytes = b"",
-    ) -> None:
-        self._send(t, route, status, b"text/plain; charset=utf-8", text, keep, head_only, extra)
+        return self.response(route, 200, res.content_type, body, keep, head_only, extra)
 
     # ---- state for probes, the page and metrics -----------------------------------------
 
@@ -942,13 +518,3 @@ class HttpServer:
         conns = GaugeMetricFamily("toposlice_http_connections", "Open HTTP connections")
         conns.add_metric([], float(len(self._conns)))
         yield conns
-
-
-def _new_loop() -> asyncio.AbstractEventLoop:
-    try:
-        import uvloop
-
-        loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
-        return loop
-    except ImportError:  # pragma: no cover - uvloop is a dependency; asyncio still works
-        return asyncio.new_event_loop()

@@ -15,105 +15,114 @@ The pod's workload comes from its ``toposlice.dev/workload`` annotation (a reque
 as for ``toposlice score``); missing fields — the GPU and NIC counts — are read from the pod's
 ResourceClaims (or their templates). An extender ranks whole nodes; the claim the scorer
 emits (``toposlice score --emit-claim``) carries the choice down to devices.
+
+No call does network I/O: nodes' labels, claims, templates and occupancy come from the
+informers' cache and graphs from the background fetches (scorer/cluster_cache.py,
+scorer/graph_source.py). A node's best placement for a request shape is cached per node
+and shared by nodes of the same hardware in the same occupancy; a claim allocated or
+released on a node replaces that node's :class:`~scorer.cluster_cache.PoolUse`, which is
+what invalidates its entries. The HTTP side is scorer/extender_server.py.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
-import threading
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, cast
+from functools import lru_cache
+from typing import Any
 
 import yaml
 
-from normalize.deviceclasses import device_class_name
-
+from .cluster_cache import ClusterCache, PoolUse
 from .request import PROFILE_ANNOTATION, Occupancy, Request, request_from_dict
 from .search import node_placements
-from .topology import GraphFetcher, NodeTopology, from_graph
+from .topology import NodeTopology
 
 log = logging.getLogger(__name__)
 
 MAX_EXTENDER_PRIORITY = 10
-MAX_BODY = 16 << 20
-
-#: (kind, namespace, name) -> the object, or None when it does not exist.
-ObjectReader = Callable[[str, str, str], dict[str, Any] | None]
+#: Shared (hardware, occupancy, request) results kept before the table is cleared.
+SHARED_CACHE_LIMIT = 100_000
 
 
-@dataclass
-class NodeGraphs:
-    """Where node graphs come from: fixed graphs by node name, and/or a URL template
-    (``{node}``, ``{address}`` = the node's InternalIP) fetched with ETag revalidation."""
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """One node for one request: its best placement's score (0..100), or -1 and why not."""
 
-    static: dict[str, dict[str, Any]] = field(default_factory=dict)
-    url_template: str | None = None
-    fetcher: GraphFetcher = field(default_factory=GraphFetcher)
-    _views: dict[str, tuple[int, NodeTopology]] = field(default_factory=dict)
+    score: float
+    reason: str = ""
+    fits: bool = field(init=False)
+    priority: int = field(init=False)
+    """The HostPriority score, 0..MAX_EXTENDER_PRIORITY (computed once: read per node
+    per call)."""
 
-    def topology(self, node: dict[str, Any]) -> NodeTopology | None:
-        meta = node.get("metadata") or {}
-        name = str(meta.get("name") or "")
-        graph = self.static.get(name)
-        if graph is None and self.url_template:
-            url = self.url_template.format(node=name, address=_address(node) or name)
-            try:
-                graph = self.fetcher.get(url)
-            except ValueError as exc:
-                log.warning("node %s: no topology graph: %s", name, exc)
-                return None
-        if graph is None:
-            return None
-        labels = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
-        cached = self._views.get(name)
-        if cached is None or cached[0] != id(graph):
-            view = from_graph(graph, labels)
-            self._views[name] = (id(graph), view)
+    def __post_init__(self) -> None:
+        fits = self.score >= 0
+        prio = round(max(0.0, min(100.0, self.score)) / 10.0) if fits else 0
+        object.__setattr__(self, "fits", fits)
+        object.__setattr__(self, "priority", int(min(MAX_EXTENDER_PRIORITY, prio)))
+
+
+class _Shape:
+    """The verdicts of every node for one request shape, valid up to change ``seq`` of
+    the cluster cache's change log."""
+
+    __slots__ = ("seq", "verdicts")
+
+    def __init__(self, seq: int) -> None:
+        self.seq = seq
+        self.verdicts: dict[str, Verdict] = {}
+
+
+#: Request shapes whose verdicts are kept (least recently used dropped first).
+SHAPES_KEPT = 256
+
+
+@lru_cache(maxsize=4096)
+def _profile(annotation: str) -> dict[str, Any]:
+    try:
+        if annotation.lstrip().startswith("{"):
+            data = json.loads(annotation)
         else:
-            view = cached[1]
-            view.labels = labels
-        return view
+            data = yaml.safe_load(annotation)
+    except (ValueError, yaml.YAMLError) as exc:
+        raise ValueError(f"annotation {PROFILE_ANNOTATION}: not JSON/YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ValueError(f"annotation {PROFILE_ANNOTATION}: not a mapping")
+    return dict(data)
 
 
-def _address(node: dict[str, Any]) -> str | None:
-    for a in (node.get("status") or {}).get("addresses") or []:
-        if a.get("type") == "InternalIP":
-            return str(a.get("address"))
-    return None
+@lru_cache(maxsize=4096)
+def _request(annotation: str | None, gpus: int, nics: int) -> Request | None:
+    """The workload of every pod with this annotation and these claim counts (pods of
+    one job share it, so it is parsed once)."""
+    return _build_request(annotation, gpus, nics, "workload")
 
 
-def _claim_counts(spec: dict[str, Any], driver: str) -> tuple[int, int]:
-    """(GPUs, NICs) a ResourceClaimSpec asks from this driver's classes."""
-    gpu_cls, nic_cls = device_class_name("gpu", driver), device_class_name("nic", driver)
-    gpus = nics = 0
-    for r in (spec.get("devices") or {}).get("requests") or []:
-        body = r.get("exactly") or ((r.get("firstAvailable") or [None])[0]) or {}
-        # allocationMode All: as many as match; count it as one (the least it can be).
-        all_mode = body.get("allocationMode") == "All"
-        count = 1 if all_mode else int(body.get("count", 1))
-        if body.get("deviceClassName") == gpu_cls:
-            gpus += count
-        elif body.get("deviceClassName") == nic_cls:
-            nics += count
-    return gpus, nics
+def _build_request(annotation: str | None, gpus: int, nics: int, where: str) -> Request | None:
+    profile = dict(_profile(annotation)) if annotation else {}
+    if "gpus" not in profile:
+        if gpus == 0:
+            return None
+        profile["gpus"] = gpus
+    if "nicsPerGpu" not in profile and gpus:
+        profile["nicsPerGpu"] = nics // gpus
+    return request_from_dict(profile, where)
 
 
 class Extender:
-    def __init__(
-        self,
-        graphs: NodeGraphs,
-        reader: ObjectReader | None = None,
-        occupancy: Callable[[], Occupancy] | None = None,
-        driver: str = "toposlice.dev",
-    ) -> None:
-        self.graphs = graphs
-        self.reader = reader
-        self.occupancy = occupancy or Occupancy
-        self.driver = driver
+    """filter and prioritize over a :class:`ClusterCache` (informers + graphs)."""
+
+    def __init__(self, cluster: ClusterCache) -> None:
+        self.cluster = cluster
+        self.driver = cluster.driver
+        self._shapes: dict[Any, _Shape] = {}
+        self._pool_nodes: dict[str, set[str]] = {}
+        self._shared: dict[tuple[Any, ...], Verdict] = {}
+        self.searches = 0
+        """Node searches run (cache misses); the bench reads it."""
 
     # -- the pod's workload --------------------------------------------------------------
 
@@ -122,25 +131,13 @@ class Extender:
         meta = pod.get("metadata") or {}
         ns = str(meta.get("namespace") or "default")
         ann = (meta.get("annotations") or {}).get(PROFILE_ANNOTATION)
-        profile: dict[str, Any] = {}
-        if ann:
-            data = yaml.safe_load(ann)
-            if not isinstance(data, dict):
-                raise ValueError(f"annotation {PROFILE_ANNOTATION}: not a mapping")
-            profile = dict(data)
-        if "gpus" not in profile or ("nicsPerGpu" not in profile and self.reader):
-            gpus, nics = self._from_claims(pod, ns)
-            if "gpus" not in profile:
-                if gpus == 0:
-                    return None
-                profile["gpus"] = gpus
-            if "nicsPerGpu" not in profile and gpus:
-                profile["nicsPerGpu"] = nics // gpus
-        return request_from_dict(profile, f"pod {ns}/{meta.get('name')}")
+        gpus, nics = self._from_claims(pod, ns)
+        try:
+            return _request(ann or None, gpus, nics)
+        except ValueError:  # again, uncached, for an error that names the pod
+            return _build_request(ann or None, gpus, nics, f"pod {ns}/{meta.get('name')}")
 
     def _from_claims(self, pod: dict[str, Any], ns: str) -> tuple[int, int]:
-        if self.reader is None:
-            return 0, 0
         spec = pod.get("spec") or {}
         generated = {
             s.get("name"): s.get("resourceClaimName")
@@ -148,77 +145,158 @@ class Extender:
         }
         gpus = nics = 0
         for ref in spec.get("resourceClaims") or []:
-            obj = None
+            counts: tuple[int, int] | None = None
             claim_name = ref.get("resourceClaimName") or generated.get(ref.get("name"))
             if claim_name:
-                obj = self.reader("ResourceClaim", ns, claim_name)
-                claim_spec = (obj or {}).get("spec") or {}
-            if obj is None and ref.get("resourceClaimTemplateName"):
-                obj = self.reader("ResourceClaimTemplate", ns, ref["resourceClaimTemplateName"])
-                claim_spec = ((obj or {}).get("spec") or {}).get("spec") or {}
-            if obj is None:
-                continue
-            g, n = _claim_counts(claim_spec, self.driver)
-            gpus, nics = gpus + g, nics + n
+                claim = self.cluster.claim(ns, claim_name)
+                counts = (claim.gpus, claim.nics) if claim is not None else None
+            if counts is None and ref.get("resourceClaimTemplateName"):
+                counts = self.cluster.template(ns, ref["resourceClaimTemplateName"])
+            if counts is not None:
+                gpus, nics = gpus + counts[0], nics + counts[1]
         return gpus, nics
+
+    # -- decisions -----------------------------------------------------------------------
+
+    def shape(self, req: Request) -> _Shape:
+        """The verdict table of ``req``'s shape, brought up to date with the cluster
+        cache's change log (an allocation, a release, a new graph: only those nodes'
+        entries are dropped and searched again when next asked)."""
+        key = req.key()
+        view = self._shapes.pop(key, None)  # re-inserted last: the dict is the LRU order
+        base, log = self.cluster.change_base, self.cluster.changes
+        n = len(log)
+        if view is None or view.seq < base:
+            view = _Shape(base + n)
+        else:
+            for kind, name in log[view.seq - base : n]:
+                if kind == "pool":
+                    for node in self._pool_nodes.get(name, ()):
+                        view.verdicts.pop(node, None)
+                else:
+                    view.verdicts.pop(name, None)
+            view.seq = base + n
+        self._shapes[key] = view
+        if len(self._shapes) > SHAPES_KEPT:
+            del self._shapes[next(iter(self._shapes))]
+        return view
+
+    def verdict(
+        self, node: str, labels: dict[str, str] | None, req: Request, view: _Shape | None = None
+    ) -> Verdict:
+        """How well ``req`` fits ``node`` now. ``labels``: the node's labels as the
+        scheduler sent them (None: the Node informer's); ``view``: :meth:`shape` of
+        ``req`` (fetched when not given)."""
+        if req.node_labels:
+            if labels is None:
+                info = self.cluster.node(node)
+                labels = info.labels if info is not None else {}
+            if not all(labels.get(k) == v for k, v in req.node_labels.items()):
+                return Verdict(-1.0, "node labels do not meet the workload's constraints")
+        view = view or self.shape(req)
+        found = view.verdicts.get(node)
+        if found is not None:
+            return found
+        topo = self.cluster.graphs.topology(node)
+        if topo is None:  # not cached: the graph may arrive any moment
+            return Verdict(-1.0, self.cluster.graphs.why_missing(node))
+        use = self.cluster.pool_use(topo.pool)
+        shared = (topo.signature, use, req.key())
+        found = self._shared.get(shared)
+        if found is None:
+            found = self._search(topo, use, req)
+            if len(self._shared) >= SHARED_CACHE_LIMIT:
+                self._shared.clear()
+            self._shared[shared] = found
+        self._pool_nodes.setdefault(topo.pool, set()).add(node)
+        view.verdicts[node] = found
+        return found
+
+    def _search(self, topo: NodeTopology, use: PoolUse, req: Request) -> Verdict:
+        self.searches += 1
+        occ = Occupancy(
+            allocated={topo.pool: set(use.used)}, memory_bound={topo.pool: set(use.busy)}
+        )
+        # Node labels were checked by the caller; the search result is shared across nodes.
+        plain = dataclasses.replace(req, node_labels={}) if req.node_labels else req
+        found = node_placements(topo, occ, plain, 1)
+        if not found:
+            return Verdict(-1.0, f"no {req.gpus}-GPU placement fits the free devices")
+        return Verdict(found[0].score)
+
+    def verdicts(self, req: Request, nodes: list[Any]) -> dict[str, Verdict]:
+        """Every candidate's verdict, in the order sent (names or Node objects)."""
+        view = self.shape(req)
+        if req.node_labels:
+            return {
+                name: self.verdict(name, labels, req, view) for name, labels, _ in _named(nodes)
+            }
+        cached = view.verdicts.get
+        out: dict[str, Verdict] = {}
+        for n in nodes:
+            name = n if isinstance(n, str) else _name_of(n)
+            v = cached(name)
+            out[name] = v if v is not None else self.verdict(name, None, req, view)
+        return out
+
+    def decide(
+        self, req: Request, verdicts: dict[str, Verdict]
+    ) -> tuple[list[str], dict[str, str]]:
+        """filter's one decision over every candidate's verdict: the nodes that pass, and
+        why each other one does not. (A rule that holds a pod back for a better node
+        belongs here: it sees all candidates at once.)"""
+        kept = [n for n, v in verdicts.items() if v.fits]
+        failed = {n: v.reason for n, v in verdicts.items() if not v.fits}
+        return kept, failed
 
     # -- verbs -----------------------------------------------------------------------------
 
-    def _nodes(self, args: dict[str, Any]) -> tuple[list[dict[str, Any]], bool]:
-        nodes = (wire_field(args, "Nodes") or {}).get("items")
-        if nodes is not None:
-            return list(nodes), False
-        names = wire_field(args, "NodeNames") or []
-        return [{"metadata": {"name": n}} for n in names], True
-
-    def _best(self, node: dict[str, Any], req: Request, occ: Occupancy) -> tuple[float, str]:
-        """(best score, "") on a node, or (-1, why not)."""
-        topo = self.graphs.topology(node)
-        if topo is None:
-            return -1.0, "no topology graph for this node"
-        if not all(topo.labels.get(k) == v for k, v in req.node_labels.items()):
-            return -1.0, "node labels do not meet the workload's constraints"
-        found = node_placements(topo, occ, req, 1)
-        if not found:
-            return -1.0, f"no {req.gpus}-GPU placement fits the free devices"
-        return found[0].score, ""
-
     def filter(self, args: dict[str, Any]) -> dict[str, Any]:
-        nodes, by_name = self._nodes(args)
+        nodes, by_name = _nodes(args)
         try:
             req = self.workload(wire_field(args, "Pod") or {})
         except ValueError as exc:
             return _filter_result([], {}, by_name, error=str(exc))
         if req is None:
             return _filter_result(nodes, {}, by_name)
-        occ = self.occupancy()
-        failed: dict[str, str] = {}
-        kept = []
-        for node in nodes:
-            score, why = self._best(node, req, occ)
-            if score < 0:
-                failed[str(node["metadata"]["name"])] = why
-            else:
-                kept.append(node)
-        return _filter_result(kept, failed, by_name)
+        kept, failed = self.decide(req, self.verdicts(req, nodes))
+        keep = set(kept)
+        return _filter_result([n for n in nodes if _name_of(n) in keep], failed, by_name)
 
     def prioritize(self, args: dict[str, Any]) -> list[dict[str, Any]]:
-        nodes, _ = self._nodes(args)
+        nodes, _ = _nodes(args)
         try:
             req = self.workload(wire_field(args, "Pod") or {})
         except ValueError:
             req = None
-        out = []
-        occ = self.occupancy() if req is not None else Occupancy()
-        for node in nodes:
-            name = str(node["metadata"]["name"])
-            if req is None:
-                out.append({"Host": name, "Score": 0})
-                continue
-            score, _ = self._best(node, req, occ)
-            value = 0 if score < 0 else round(max(0.0, min(100.0, score)) / 10.0)
-            out.append({"Host": name, "Score": int(min(MAX_EXTENDER_PRIORITY, value))})
-        return out
+        if req is None:
+            return [{"Host": name, "Score": 0} for name, _, _ in _named(nodes)]
+        return [{"Host": n, "Score": v.priority} for n, v in self.verdicts(req, nodes).items()]
+
+
+def _nodes(args: dict[str, Any]) -> tuple[list[Any], bool]:
+    """The candidates as sent: Node objects (``Nodes.items``) or names (``NodeNames``)."""
+    nodes = (wire_field(args, "Nodes") or {}).get("items")
+    if nodes is not None:
+        return list(nodes), False
+    return [str(n) for n in wire_field(args, "NodeNames") or []], True
+
+
+def _name_of(node: Any) -> str:
+    return node if isinstance(node, str) else str((node.get("metadata") or {}).get("name"))
+
+
+def _named(nodes: list[Any]) -> list[tuple[str, dict[str, str] | None, Any]]:
+    """(name, labels or None when only the name came, the node as sent)."""
+    out: list[tuple[str, dict[str, str] | None, Any]] = []
+    for n in nodes:
+        if isinstance(n, str):
+            out.append((n, None, n))
+        else:
+            meta = n.get("metadata") or {}
+            labels = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
+            out.append((str(meta.get("name")), labels, n))
+    return out
 
 
 def wire_field(args: dict[str, Any], name: str) -> Any:
@@ -234,10 +312,10 @@ def wire_field(args: dict[str, Any], name: str) -> Any:
 
 
 def _filter_result(
-    nodes: list[dict[str, Any]], failed: dict[str, str], by_name: bool, error: str = ""
+    nodes: list[Any], failed: dict[str, str], by_name: bool, error: str = ""
 ) -> dict[str, Any]:
     """ExtenderFilterResult as Go marshals it: every field, nil pointers as null."""
-    names = [str(n["metadata"]["name"]) for n in nodes] if by_name else None
+    names = [_name_of(n) for n in nodes] if by_name else None
     node_list = (
         None
         if by_name
@@ -252,123 +330,6 @@ def _filter_result(
     }
 
 
-# ------------------------------------------------------------------ Kubernetes access
-
-
-class KubeReader:
-    """Reads claims/templates and lists allocated claims through the API (in-cluster or
-    kubeconfig). Listing needs ``list`` on resourceclaims; without it the occupancy is
-    empty and a warning is logged once."""
-
-    def __init__(self, ttl_s: float = 5.0) -> None:
-        from kubernetes import client, config
-
-        try:
-            config.load_incluster_config()
-        except config.ConfigException:
-            config.load_kube_config()
-        self.api = client.ResourceV1Api()
-        self.ttl_s = ttl_s
-        self._occ: tuple[float, Occupancy] | None = None
-        self._warned = False
-        self._lock = threading.Lock()
-
-    def read(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
-        from kubernetes.client.exceptions import ApiException
-
-        fn = (
-            self.api.read_namespaced_resource_claim
-            if kind == "ResourceClaim"
-            else self.api.read_namespaced_resource_claim_template
-        )
-        try:
-            obj = fn(name, namespace, _preload_content=False)
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise ValueError(f"{kind} {namespace}/{name}: HTTP {exc.status}") from exc
-        data: dict[str, Any] = json.loads(cast(Any, obj).data)
-        return data
-
-    def occupancy(self) -> Occupancy:
-        from kubernetes.client.exceptions import ApiException
-
-        with self._lock:
-            now = time.monotonic()
-            if self._occ is not None and now - self._occ[0] < self.ttl_s:
-                return self._occ[1]
-            occ = Occupancy()
-            try:
-                resp = self.api.list_resource_claim_for_all_namespaces(_preload_content=False)
-                for claim in json.loads(cast(Any, resp).data).get("items") or []:
-                    occ.add_claim(claim)
-            except (ApiException, OSError) as exc:
-                if not self._warned:
-                    log.warning("cannot list ResourceClaims (%s): scoring without occupancy", exc)
-                    self._warned = True
-            self._occ = (now, occ)
-            return occ
-
-
-# ------------------------------------------------------------------ HTTP
-
-
-#: The extender's POST endpoints (kube-scheduler's filterVerb and prioritizeVerb).
-VERBS = ("filter", "prioritize")
-
-
-def make_server(ext: Extender, host: str, port: int) -> ThreadingHTTPServer:
-    class Handler(BaseHTTPRequestHandler):
-        server_version = "toposlice-scorer"
-
-        def log_message(self, fmt: str, *args: Any) -> None:
-            log.debug("%s " + fmt, self.address_string(), *args)
-
-        def _send(self, code: int, body: Any) -> None:
-            data = json.dumps(body).encode("utf-8")
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def do_GET(self) -> None:
-            if self.path in ("/healthz", "/readyz"):
-                self._send(200, {"status": "ok"})
-            elif self.path.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1] in VERBS:
-                data = json.dumps({"error": "use POST with ExtenderArgs"}).encode("utf-8")
-                self.send_response(405)
-                self.send_header("Allow", "POST")
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-            else:
-                self._send(404, {"error": "not found"})
-
-        def do_POST(self) -> None:
-            length = int(self.headers.get("Content-Length") or 0)
-            if length <= 0 or length > MAX_BODY:
-                self._send(400, {"error": "missing or oversized body"})
-                return
-            try:
-                args = json.loads(self.rfile.read(length))
-                if not isinstance(args, dict):
-                    raise ValueError("ExtenderArgs must be a JSON object")
-            except ValueError as exc:
-                self._send(400, {"error": f"bad ExtenderArgs: {exc}"})
-                return
-            verb = self.path.rstrip("/").rsplit("/", 1)[-1]
-            try:
-                if verb == "filter":
-                    self._send(200, ext.filter(args))
-                elif verb == "prioritize":
-                    self._send(200, ext.prioritize(args))
-                else:
-                    self._send(404, {"error": f"unknown verb {verb!r}"})
-            except Exception as exc:  # a bad pod or graph must not kill the server
-                log.exception("extender %s failed", verb)
-                body: Any = _filter_result([], {}, True, error=str(exc)) if verb == "filter" else []
-                self._send(200 if verb == "filter" else 500, body)
-
-    return ThreadingHTTPServer((host, port), Handler)
+def filter_error(error: str) -> dict[str, Any]:
+    """The answer to a filter call that failed as a whole."""
+    return _filter_result([], {}, True, error=error)

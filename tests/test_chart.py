@@ -568,7 +568,8 @@ def scorer_sources() -> Iterator[Path]:
 
 def api_calls(sources: Iterator[Path] | None = None) -> set[tuple[str, str, str]]:
     """(group, resource, verb) of every Kubernetes API call in the driver's code: typed
-    client methods (``list_resource_slice``), watches over them, and raw
+    client methods (``list_resource_slice``), watches over them (streamed, or handed to an
+    ``Informer``, which lists and watches), and raw
     ``request_json(client, "GET", "/api/v1/nodes/...")`` calls."""
     found: set[tuple[str, str, str]] = set()
     for path in driver_sources() if sources is None else sources:
@@ -597,9 +598,15 @@ def api_calls(sources: Iterator[Path] | None = None) -> set[tuple[str, str, str]
                 if isinstance(a, ast.Attribute)
             ]
             is_stream = isinstance(node.func, ast.Attribute) and node.func.attr == "stream"
-            watching = is_stream or any(
-                k.arg == "watch" and isinstance(k.value, ast.Constant) and k.value.value
-                for k in node.keywords
+            # driver/informer.py lists, then watches, with the list method it is handed.
+            informer = isinstance(node.func, ast.Name) and node.func.id == "Informer"
+            watching = (
+                is_stream
+                or informer
+                or any(
+                    k.arg == "watch" and isinstance(k.value, ast.Constant) and k.value.value
+                    for k in node.keywords
+                )
             )
             for m in listed:
                 if watching and m is not None and m[1] == "list" and m[2] in _PLURAL:

@@ -16,8 +16,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
@@ -342,25 +340,3 @@ def test_score_table_leaves_out_nic_locality_without_nics(tmp_path: Path) -> Non
     with_nics = toposlice(["score", "--request", "nics.yaml", "--fake", "dgx-h100"], tmp_path)
     assert with_nics.returncode == 0, with_nics.stderr
     assert "nic_locality=" in with_nics.stdout
-
-
-def test_extender_verbs_answer_405_to_get() -> None:
-    import threading
-
-    from scorer.extender import Extender, NodeGraphs, make_server
-
-    server = make_server(Extender(NodeGraphs(static={})), "127.0.0.1", 0)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        base = f"http://127.0.0.1:{server.server_address[1]}"
-        for verb in ("filter", "prioritize"):
-            with pytest.raises(urllib.error.HTTPError) as err:
-                urllib.request.urlopen(f"{base}/{verb}", timeout=10)
-            assert err.value.code == 405
-            assert err.value.headers["Allow"] == "POST"
-        with pytest.raises(urllib.error.HTTPError) as err:
-            urllib.request.urlopen(f"{base}/nothing", timeout=10)
-        assert err.value.code == 404
-    finally:
-        server.shutdown()
-        server.server_close()

@@ -21,9 +21,13 @@ FORBIDDEN: dict[str, set[str]] = {
     "discovery": {"plugins", "normalize", "toposlice", "driver", "scorer"},
     "plugins": {"normalize", "toposlice", "driver", "scorer"},
     "normalize": {"plugins", "toposlice", "driver", "scorer"},
-    "driver": {"toposlice"},
+    "driver": {"toposlice", "scorer"},
     "scorer": {"toposlice"},
 }
+
+#: The driver/ modules scorer/ may use: the one HTTP stack and the API cache (and what
+#: they import); the kubelet plugin, publisher and exporter are not the scorer's business.
+SCORER_MAY_USE = {"driver.http_transport", "driver.informer", "driver.kube", "driver.config"}
 
 #: plugins/ modules every probe may use; a probe importing any other plugins/ module
 #: (another probe) breaks the rule "probes never import each other".
@@ -47,6 +51,11 @@ def imports_of(path: Path) -> list[tuple[int, str]]:
     return out
 
 
+def _scorer_may_use(module: str) -> bool:
+    # ``from driver.informer import Informer`` is recorded as driver.informer.Informer too.
+    return module in SCORER_MAY_USE or module.rsplit(".", 1)[0] in SCORER_MAY_USE
+
+
 def source_files() -> list[Path]:
     return sorted(p for pkg in PACKAGES for p in (REPO / pkg).rglob("*.py"))
 
@@ -63,6 +72,10 @@ def violations(rel: str, path: Path) -> list[str]:
             continue
         if top in banned:
             found.append(f"{rel}:{line} imports {module} ({layer}/ must not import {top}/)")
+        elif layer == "scorer" and top == "driver" and not _scorer_may_use(module):
+            found.append(
+                f"{rel}:{line} imports {module} (scorer/ uses only {sorted(SCORER_MAY_USE)})"
+            )
         elif layer == "plugins" and top == "plugins" and rel != "plugins/registry.py":
             # The registry loads probes by name; a probe may use only plugins.base
             # (``from plugins.base import X`` is recorded as ``plugins.base.X`` too).
@@ -91,6 +104,8 @@ def test_imports_point_down(path: Path) -> None:
         ("normalize/x.py", "import plugins.registry\n"),
         ("driver/x.py", "import toposlice.sources\n"),
         ("scorer/x.py", "from toposlice.discover import discover\n"),
+        ("scorer/y.py", "from driver.publisher import SlicePublisher\n"),
+        ("driver/y.py", "from scorer.extender import Extender\n"),
     ],
 )
 def test_rule_catches_an_upward_import(tmp_path: Path, rel: str, text: str) -> None:

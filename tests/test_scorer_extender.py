@@ -1,5 +1,7 @@
 """The extender over real loopback HTTP: kube-scheduler's ExtenderArgs in, its
-ExtenderFilterResult / HostPriorityList out; graphs fetched from a node endpoint with ETag.
+ExtenderFilterResult / HostPriorityList out; its cluster cache fed as the informers feed
+it (tests/e2e/test_scorer_informers.py runs the informers on the real API server); graphs
+fetched in the background from a real exporter, with ETag and keep-alive.
 
 The real kube-scheduler sends Go field names (``Pod``, ``Nodes``, ``NodeNames``: the
 extender/v1 types have no JSON tags); tests/data/extender/ holds its exact bodies, captured
@@ -10,7 +12,9 @@ must use the Go field names the scheduler's own types marshal to.
 from __future__ import annotations
 
 import json
+import socket
 import threading
+import time
 import urllib.request
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -19,9 +23,14 @@ from typing import Any
 
 import pytest
 
-from scorer.extender import Extender, NodeGraphs, make_server, wire_field
-from scorer.request import PROFILE_ANNOTATION, Occupancy
+from driver.http_server import HttpServer
+from scorer.cluster_cache import ClusterCache
+from scorer.extender import Extender, wire_field
+from scorer.extender_server import ExtenderServer
+from scorer.graph_source import GraphSource
+from scorer.request import PROFILE_ANNOTATION
 from scorer.topology import GraphFetcher, rename_graph
+from tests.exporter_view import View, snapshot_of
 from tests.scorer_support import machine
 
 CAPTURED = Path(__file__).parent / "data" / "extender"
@@ -61,50 +70,58 @@ def _pod(annotation: dict[str, Any] | None, claims: list[dict[str, Any]] | None 
     return {"metadata": meta, "spec": {"resourceClaims": claims or []}}
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[tuple[str, Extender]]:
-    dgx = rename_graph(machine("dgx-h100").graph, "dgx-1")
-    pcie = rename_graph(machine("pcie-8gpu").graph, "pcie-1")
-    templates = {
-        ("ResourceClaimTemplate", "ml", "tp4"): {
-            "spec": {
-                "spec": {
-                    "devices": {
-                        "requests": [
-                            {
-                                "name": "g",
-                                "exactly": {"deviceClassName": "gpu.toposlice.dev", "count": 4},
-                            },
-                            {
-                                "name": "n",
-                                "exactly": {"deviceClassName": "nic.toposlice.dev", "count": 4},
-                            },
-                        ]
-                    }
-                }
+TP4_TEMPLATE = {
+    "metadata": {"namespace": "ml", "name": "tp4"},
+    "spec": {
+        "spec": {
+            "devices": {
+                "requests": [
+                    {"name": "g", "exactly": {"deviceClassName": "gpu.toposlice.dev", "count": 4}},
+                    {"name": "n", "exactly": {"deviceClassName": "nic.toposlice.dev", "count": 4}},
+                ]
             }
         }
+    },
+}
+
+
+def _allocated(name: str, pool: str, devices: list[str]) -> dict[str, Any]:
+    """A ResourceClaim as the API server holds it once allocated."""
+    results = [
+        {"request": "g", "driver": "toposlice.dev", "pool": pool, "device": d} for d in devices
+    ]
+    return {
+        "metadata": {"namespace": "ml", "name": name, "resourceVersion": "1"},
+        "spec": {"devices": {"requests": []}},
+        "status": {"allocation": {"devices": {"results": results}}},
     }
-    occ = Occupancy(allocated={"pcie-1": {"gpu-0000-18-00-0"}})
-    ext = Extender(
-        NodeGraphs(
+
+
+def _cache() -> ClusterCache:
+    cache = ClusterCache(
+        "toposlice.dev",
+        GraphSource(
             static={
-                "dgx-1": dgx,
-                "pcie-1": pcie,
+                "dgx-1": rename_graph(machine("dgx-h100").graph, "dgx-1"),
+                "pcie-1": rename_graph(machine("pcie-8gpu").graph, "pcie-1"),
                 # the node names of the captured bodies
                 "node-a": rename_graph(machine("pcie-8gpu").graph, "node-a"),
                 "node-b": rename_graph(machine("dgx-h100").graph, "node-b"),
             }
         ),
-        reader=lambda kind, ns, name: templates.get((kind, ns, name)),
-        occupancy=lambda: occ,
     )
-    srv = make_server(ext, "127.0.0.1", 0)
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}", ext
-    srv.shutdown()
-    srv.server_close()
+    cache.apply("ResourceClaimTemplate", "ADDED", TP4_TEMPLATE)
+    cache.apply("ResourceClaim", "ADDED", _allocated("taken", "pcie-1", ["gpu-0000-18-00-0"]))
+    cache.apply("Node", "ADDED", {"metadata": {"name": "dgx-1", "labels": {"tenant": "a"}}})
+    cache.apply("Node", "ADDED", {"metadata": {"name": "pcie-1", "labels": {"tenant": "b"}}})
+    return cache
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[tuple[str, Extender]]:
+    ext = Extender(_cache())
+    with ExtenderServer("127.0.0.1:0", ext) as srv:
+        yield srv.url, ext
 
 
 def _post(url: str, body: Any) -> Any:
@@ -143,9 +160,9 @@ def test_filter_by_name_and_label_constraint(server: tuple[str, Extender], spell
         "NodeNames": ["dgx-1", "pcie-1"],
     }
     out = _post(url + "/filter", _spelled(args, spelling))
-    # nodenames carry no labels: every node fails the compliance filter.
-    assert out["NodeNames"] == [] and out["Nodes"] is None
-    assert "constraints" in out["FailedNodes"]["dgx-1"]
+    # Names only (nodeCacheCapable): the labels come from the Node informer's cache.
+    assert out["NodeNames"] == ["dgx-1"] and out["Nodes"] is None
+    assert "constraints" in out["FailedNodes"]["pcie-1"]
 
 
 @pytest.mark.parametrize("spelling", SPELLINGS)
@@ -255,3 +272,103 @@ def test_graph_fetcher_revalidates_by_etag() -> None:
     assert f.get(url)["node"] == "n1"
     with pytest.raises(ValueError):
         GraphFetcher(timeout_s=0.5).get(url)
+
+
+def test_placements_are_cached_until_the_node_occupancy_changes() -> None:
+    cache = _cache()
+    ext = Extender(cache)
+    args = {"Pod": _pod({"gpus": 8}), "NodeNames": ["dgx-1", "node-b", "pcie-1"]}
+    first = ext.filter(args)
+    assert first["NodeNames"] == ["dgx-1", "node-b"]  # pcie-1 has one GPU taken
+    searches = ext.searches
+    assert searches <= 2  # dgx-1 and node-b are the same hardware, equally empty
+    assert ext.filter(args) == first and ext.searches == searches  # served from the cache
+    # A claim allocated on dgx-1 invalidates dgx-1 only.
+    cache.apply("ResourceClaim", "ADDED", _allocated("c1", "dgx-1", ["gpu-0000-1b-00-0"]))
+    second = ext.filter(args)
+    assert second["NodeNames"] == ["node-b"]
+    assert "no 8-GPU placement" in second["FailedNodes"]["dgx-1"]
+    assert ext.searches == searches + 1
+    cache.apply("ResourceClaim", "DELETED", _allocated("c1", "dgx-1", ["gpu-0000-1b-00-0"]))
+    assert ext.filter(args)["NodeNames"] == ["dgx-1", "node-b"]
+    # Released again: the same occupancy as before, found in the shared results.
+    assert ext.searches == searches + 1
+
+
+def test_graphs_fetched_in_the_background_with_etag_and_keep_alive() -> None:
+    view = View(snapshot_of("pcie-8gpu", "gpu-node"))
+    with HttpServer("127.0.0.1:0", view) as exporter:
+        graphs = GraphSource(url_template=exporter.url + "/v1/topology", workers=1).start()
+        try:
+            graphs.want("gpu-node", "127.0.0.1")
+            first = _wait(lambda: graphs.topology("gpu-node"))
+            graphs.want("gpu-node", "127.0.0.1")  # its slices changed: revalidate
+            _wait(lambda: graphs.stats.requests == 2 and graphs.idle())
+            assert graphs.stats.fetched == 1 and graphs.stats.not_modified == 1
+            assert graphs.topology("gpu-node") is first  # 304: the same view, not rebuilt
+            assert exporter.stats.requests[("/v1/topology", 304)] == 1
+            assert exporter.stats.connections == 1  # one kept-alive connection
+        finally:
+            graphs.stop()
+
+
+def test_a_hung_node_endpoint_does_not_slow_a_call() -> None:
+    """One node's exporter accepts connections and never answers: the call is answered
+    from what is cached at once, that node filtered out with the reason."""
+    hung = socket.socket()
+    hung.bind(("127.0.0.1", 0))
+    hung.listen(16)
+    port = hung.getsockname()[1]
+    graphs = GraphSource(
+        static={"dgx-1": rename_graph(machine("dgx-h100").graph, "dgx-1")},
+        url_template=f"http://127.0.0.1:{port}/{{node}}/v1/topology",
+        read_timeout_s=30.0,
+    ).start()
+    try:
+        cache = ClusterCache("toposlice.dev", graphs)
+        graphs.want("hung-1", None)
+        _wait(lambda: not graphs.idle() and graphs.stats.requests == 1)  # the fetch hangs
+        with ExtenderServer("127.0.0.1:0", Extender(cache)) as srv:
+            t0 = time.monotonic()
+            out = _post(
+                srv.url + "/filter", {"Pod": _pod({"gpus": 2}), "NodeNames": ["dgx-1", "hung-1"]}
+            )
+            elapsed = time.monotonic() - t0
+        assert out["NodeNames"] == ["dgx-1"]
+        assert out["FailedNodes"]["hung-1"] == "no topology graph for this node yet (fetching)"
+        assert elapsed < 5.0  # far below the 30 s the fetch may hang
+    finally:
+        graphs.stop()
+        hung.close()
+
+
+def test_verbs_answer_405_to_get_and_probes_follow_the_informers() -> None:
+    waiting = {"ok": False}
+    ext = Extender(ClusterCache())
+    ready = lambda: (True, "ok") if waiting["ok"] else (False, "informers not synced: Node")  # noqa: E731
+    with ExtenderServer("127.0.0.1:0", ext, ready=ready) as srv:
+        for verb in ("filter", "prioritize"):
+            with pytest.raises(urllib.error.HTTPError) as err:
+                urllib.request.urlopen(f"{srv.url}/{verb}", timeout=10)
+            assert err.value.code == 405 and err.value.headers["Allow"] == "POST"
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(f"{srv.url}/nothing", timeout=10)
+        assert err.value.code == 404
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(f"{srv.url}/readyz", timeout=10)
+        assert err.value.code == 503 and b"Node" in err.value.read()
+        waiting["ok"] = True
+        with urllib.request.urlopen(f"{srv.url}/readyz", timeout=10) as resp:
+            assert resp.status == 200
+        with urllib.request.urlopen(f"{srv.url}/metrics", timeout=10) as resp:
+            assert b"toposlice_extender_call_seconds" in resp.read()
+
+
+def _wait(fn: Any, timeout: float = 10.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = fn()
+        if value:
+            return value
+        time.sleep(0.01)
+    raise AssertionError("condition not reached")

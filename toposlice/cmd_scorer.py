@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from driver.logs import add_log_args, setup_from_args
@@ -39,15 +41,39 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="do not read ResourceClaims from the API (workload from annotations only)",
     )
     s.add_argument("--driver", default="toposlice.dev", help="DRA driver name")
+    s.add_argument(
+        "--fetch-workers",
+        type=int,
+        default=8,
+        metavar="N",
+        help="graph fetches run at once, in the background (default %(default)s)",
+    )
     s.add_argument("-v", "--verbose", action="store_true", help="same as --log-level debug")
     add_log_args(s)
+
+
+def _api_client() -> Any:
+    """In-cluster when running in a pod, else ``$KUBECONFIG`` or ``~/.kube/config``."""
+    from driver.kube import build_api_client
+
+    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+        return build_api_client(None)
+    path = os.environ.get("KUBECONFIG") or str(Path.home() / ".kube" / "config")
+    if not Path(path).is_file():
+        raise ValueError(f"no kubeconfig at {path}")
+    return build_api_client(path.split(os.pathsep)[0])
 
 
 def run(args: argparse.Namespace) -> int:
     from driver.config import parse_http_addr
 
     host, port = parse_http_addr(args.http_addr)  # bad: exit 2 before any work
-    from scorer.extender import Extender, KubeReader, NodeGraphs, make_server
+    if args.fetch_workers < 1:
+        raise ValueError(f"--fetch-workers {args.fetch_workers}: must be at least 1")
+    from scorer.cluster_cache import ClusterCache
+    from scorer.extender import Extender
+    from scorer.extender_server import ExtenderServer, serve
+    from scorer.graph_source import GraphSource
     from scorer.topology import read_graph_file
     from toposlice.cmd_score import fake_node
 
@@ -59,40 +85,42 @@ def run(args: argparse.Namespace) -> int:
     for spec in args.fake:
         g, _ = fake_node(spec)
         static[str(g["node"])] = g
-    graphs = NodeGraphs(static=static, url_template=args.topology_url or None)
-    reader = None
+    graphs = GraphSource(static, url_template=args.topology_url or None, workers=args.fetch_workers)
+    cache = ClusterCache(args.driver, graphs)
+    client = None
     if not args.no_kube:
-        from kubernetes.config import ConfigException
-
         try:
-            reader = KubeReader()
-        except (ConfigException, OSError, TypeError, ValueError) as exc:
+            client = _api_client()
+        except (RuntimeError, OSError, TypeError, ValueError) as exc:
             msg = " ".join(str(exc).split())
             raise ValueError(
                 f"cannot reach the cluster's ResourceClaims ({msg}): run in-cluster, set "
                 "$KUBECONFIG, or give --no-kube"
             ) from exc
-    ext = Extender(
-        graphs,
-        reader=reader.read if reader else None,
-        occupancy=reader.occupancy if reader else None,
-        driver=args.driver,
+    server = ExtenderServer(
+        f"[{host}]:{port}" if ":" in host else f"{host}:{port}",
+        Extender(cache),
+        ready=cache.synced,
     )
     try:
-        server = make_server(ext, host, port)
+        server.start()
     except OSError as exc:  # in use, or not this host's address: a runtime failure
         where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         print(
             f"toposlice: error: --http-addr {args.http_addr}: cannot listen on {where}: "
-            f"{exc.strerror or exc}",
+            f"{os.strerror(exc.errno) if exc.errno else exc}",
             file=sys.stderr,
         )
         return 1
-    log.info("serving on %s:%d", host, server.server_address[1])
+    graphs.start()
+    if client is not None:
+        cache.start_informers(client)
+    log.info("serving on %s:%d", host, server.address[1])
     try:
-        server.serve_forever()
+        serve(server)
     except KeyboardInterrupt:
         pass
     finally:
-        server.server_close()
+        server.stop()
+        cache.stop()
     return 0

@@ -84,7 +84,8 @@ extenders:
     prioritizeVerb: prioritize
     weight: {{ .Values.scorer.weight }}
     httpTimeout: 5s
-    nodeCacheCapable: false
+    # Node names only: the scorer's informers hold the Nodes.
+    nodeCacheCapable: true
     # The scheduler keeps placing pods when the scorer is down.
     ignorable: true
 {{- end }}
