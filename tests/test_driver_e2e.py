@@ -188,10 +188,14 @@ def test_runs_as_the_kubelet_sees_it(api: KubeAPIServer, driver: Driver) -> None
             assert resp.claims["0c5f6a8e-0000-4000-8000-000000000000"].error
             assert resp.claims[outside["metadata"]["uid"]].error
     specs = os.listdir(driver.cdi)
-    assert len(specs) == 1 and uid in specs[0]
-    spec = json.loads((driver.cdi / specs[0]).read_text())
-    ids = {f"{spec['kind']}={d['name']}" for d in spec["devices"]}
+    # The claim's spec and its device metadata spec (one per request): every id resolves.
+    assert len(specs) == 2 and all(uid in name for name in specs)
+    ids = set()
+    for name in specs:
+        spec = json.loads((driver.cdi / name).read_text())
+        ids |= {f"{spec['kind']}={d['name']}" for d in spec["devices"]}
     assert set(got.devices[0].cdi_device_ids) <= ids
+    assert any("/metadata=" in i for i in got.devices[0].cdi_device_ids)
 
     # The health stream sends every device of the pool.
     with NodeClient(reg.info.endpoint) as kubelet:
