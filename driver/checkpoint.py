@@ -19,9 +19,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
-import stat
-import time
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -134,17 +131,6 @@ def read_boot_id(root: Path) -> str:
         return ""
 
 
-_REREADS = 3
-
-
-def _intact(raw: bytes) -> bool:
-    try:
-        doc = json.loads(raw)
-        return bool(doc.get("checksum") == _checksum(_canonical(doc["data"])))
-    except (ValueError, KeyError, TypeError, AttributeError):
-        return False
-
-
 def _canonical(data: dict[str, Any]) -> str:
     return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
@@ -160,15 +146,6 @@ def load_checkpoint(path: Path, boot_id: str) -> tuple[dict[str, ClaimRecord], L
         raw = path.read_bytes()
     except FileNotFoundError:
         return {}, "missing"
-    for _ in range(_REREADS):  # a one-page checkpoint is written in place: a read that
-        # raced the write fails its checksum, and a second read a moment later does not
-        if _intact(raw):
-            break
-        time.sleep(0.01)
-        try:
-            raw = path.read_bytes()
-        except FileNotFoundError:
-            return {}, "missing"
     try:
         doc = json.loads(raw)
         data = doc["data"]
@@ -206,49 +183,5 @@ def save_checkpoint(
     text = (
         f'{{"bootId":{json.dumps(boot_id)},"claims":{{{records}}},"version":{CHECKPOINT_VERSION}}}'
     )
-    doc = f'{{"checksum":"{_checksum(text)}","data":{text}}}'.encode()
-    durable_rename = sync if sync_dir is None else sync_dir
-    if len(doc) < PAGE and not durable_rename:
-        # One page, padded with spaces (JSON whitespace: any reader of the format takes
-        # it as it is): written over the old page in place once the file is one page.
-        # Not when the state may outlive a reboot (no boot id): a page torn by a power
-        # loss would then lose the claims, where a rename keeps the old or the new file.
-        page = doc.ljust(PAGE - 1) + b"\n"
-        if _overwrite_page(path, page, sync):
-            return
-        write_atomic(path, page, mode=0o600, sync=sync, sync_dir=sync_dir)
-        return
-    write_atomic(path, doc + b"\n", mode=0o600, sync=sync, sync_dir=sync_dir)
-
-
-PAGE = 4096
-"""A checkpoint that fits one page is rewritten in place (:func:`_overwrite_page`)."""
-
-
-def _overwrite_page(path: Path, page: bytes, sync: bool) -> bool:
-    """Write ``page`` over the first and only page of ``path`` (a one-page checkpoint),
-    then fdatasync; False, having changed nothing, when the file is not one page.
-
-    Why not temp + fsync + rename: the fsync of a new inode and the rename over the old
-    one are two ext4 journal commits' worth of waiting on the prepare path
-    (bench/checkpoint_write.py); an overwrite of an allocated block of unchanged size
-    needs none, only the data write. Still whole or nothing: a kill -9 cannot split a
-    write within one page (the kernel copies a page at a time and checks for fatal
-    signals only between pages), and a reader racing the write is retried
-    (:func:`load_checkpoint`). A power loss that tears the page means a reboot, which
-    discards the checkpoint anyway."""
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-    except OSError:
-        return False
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_size != PAGE or st.st_nlink != 1:
-            return False
-        if os.pwrite(fd, page, 0) != PAGE:
-            return False  # a short write: the rename path replaces the file whole
-        if sync:
-            os.fdatasync(fd)
-        return True
-    finally:
-        os.close(fd)
+    doc = f'{{"checksum":"{_checksum(text)}","data":{text}}}\n'
+    write_atomic(path, doc.encode(), mode=0o600, sync=sync, sync_dir=sync_dir)
