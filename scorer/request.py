@@ -172,6 +172,8 @@ def load_document(path: str | Path) -> Any:
         text = p.read_text(encoding="utf-8")
     except OSError as exc:
         raise ValueError(f"{p}: cannot read: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{p}: not JSON/YAML: not UTF-8 text (byte {exc.start})") from exc
     try:
         return json.loads(text) if text.lstrip().startswith("{") else yaml.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as exc:

@@ -236,9 +236,9 @@ CASES: dict[str, Case] = {
         ("$KUBECONFIG", "--no-kube"),
     ),
     "gather-into-missing-directory": Case(
-        "gather --fake cpu-2s -o {tmp}/missing/dir/x.tar.gz",
+        "gather --fake cpu-2s --output-file {tmp}/missing/dir/x.tar.gz",
         2,
-        ("-o {tmp}/missing/dir/x.tar.gz: no directory {tmp}/missing/dir",),
+        ("--output-file {tmp}/missing/dir/x.tar.gz: {tmp}/missing/dir: no such directory",),
     ),
     "score-nothing-fits-says-why": Case(
         "score --request {tmp}/request.yaml --fake cpu-2s",

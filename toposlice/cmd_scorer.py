@@ -9,8 +9,17 @@ from typing import Any
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from toposlice.cli import EXAMPLES, examples
+
     sub = p.add_subparsers(dest="scorer_command", required=True)
-    s = sub.add_parser("serve", help="serve filter/prioritize for kube-scheduler")
+    s = sub.add_parser(
+        "serve",
+        help="serve filter/prioritize for kube-scheduler",
+        description="Serve the placement scorer's filter and prioritize verbs as a "
+        "kube-scheduler extender.",
+        epilog=examples(*EXAMPLES["scorer"]),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     s.add_argument(
         "--http-addr",
         default="0.0.0.0:8090",
@@ -35,7 +44,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="do not read ResourceClaims from the API (workload from annotations only)",
     )
     s.add_argument("--driver", default="toposlice.dev", help="DRA driver name")
-    s.add_argument("-v", "--verbose", action="store_true")
+    s.add_argument("-v", "--verbose", action="store_true", help="log every request (debug)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -89,8 +98,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"toposlice scorer: serving on {host}:{server.server_address[1]}", file=sys.stderr)
     try:
         server.serve_forever()
-    except KeyboardInterrupt:
-        pass
+    except KeyboardInterrupt:  # Ctrl-C: quiet, and 130 as a shell expects
+        return 130
     finally:
         server.server_close()
     return 0
