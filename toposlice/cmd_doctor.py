@@ -27,7 +27,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--slices",
         action="append",
         metavar="FILE",
-        help="read ResourceSlices from a YAML/JSON file instead (repeatable)",
+        help="read ResourceSlices from a YAML/JSON file instead (repeatable): one object, a "
+        "v1 List (kubectl get -o json/yaml), a YAML stream or a JSON array",
     )
     reg = p.add_mutually_exclusive_group()
     reg.add_argument(
@@ -40,7 +41,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="LIST",
         help="comma-separated drivers registered on the node (instead of --plugins-registry)",
     )
-    p.add_argument("-o", "--output", choices=["table", "json", "yaml"], default="table")
+    p.add_argument(
+        "-o",
+        "--output",
+        choices=["table", "json", "yaml"],
+        default="table",
+        help="table: drivers and findings for people; json/yaml: the normalization report "
+        "(default %(default)s)",
+    )
     p.add_argument(
         "--fail-on",
         choices=["warning", "error"],
