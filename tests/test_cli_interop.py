@@ -23,6 +23,7 @@ import yaml
 from tests.test_cli_errors import cli_env, toposlice
 
 TOPOSLICE = (sys.executable, "-m", "toposlice")
+SCORE = ("score", "--request", "req.yaml", "--fake", "dgx-h100", "-o", "json")
 
 
 @pytest.fixture(scope="module")
@@ -167,3 +168,35 @@ def serve(tmp_path: Path) -> Iterator[str]:
 def test_exporter_dot_draws_two_line_labels(serve: str) -> None:
     with urllib.request.urlopen(f"{serve}/v1/topology?format=dot", timeout=30) as resp:
         check_two_line_labels(svg_texts(resp.read().decode()))
+
+
+def test_score_occupancy_reads_every_form(tmp_path: Path) -> None:
+    """``score --occupancy`` takes ResourceClaims as one object, a List, a JSON array and
+    a YAML stream; each leaves out the devices the claims hold."""
+
+    def claim(name: str, device: str) -> dict[str, Any]:
+        result = {"request": "gpu", "driver": "toposlice.dev", "pool": "dgx-h100"}
+        return {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": "default"},
+            "status": {"allocation": {"devices": {"results": [{**result, "device": device}]}}},
+        }
+
+    held = ["gpu-0000-1b-00-0", "gpu-0000-43-00-0"]
+    claims = [claim(f"c{i}", d) for i, d in enumerate(held)]
+    forms = _forms(claims)
+    forms["object-yaml"] = yaml.safe_dump(claims[0])
+    (tmp_path / "req.yaml").write_text("gpus: 2\n")
+    answers = {}
+    for name, text in forms.items():
+        (tmp_path / f"{name}.txt").write_text(text)
+        r = toposlice(
+            [*SCORE, "--occupancy", f"{name}.txt", "--top", "20"],
+            tmp_path,
+        )
+        assert r.returncode == 0, (name, r.stderr)
+        used = {d for p in json.loads(r.stdout)["placements"] for d in p["devices"]}
+        assert not used & set(held[:1] if name == "object-yaml" else held), name
+        answers[name] = r.stdout
+    assert len({answers[n] for n in answers if n != "object-yaml"}) == 1
