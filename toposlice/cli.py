@@ -93,6 +93,21 @@ def version() -> str:
         return __version__
 
 
+def _version_action() -> type:
+    import argparse
+
+    class VersionAction(argparse.Action):
+        """``--version``, looked up only when asked (importlib.metadata costs start-up)."""
+
+        def __init__(self, option_strings: list[str], dest: str, **kwargs: object) -> None:
+            super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS)
+
+        def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
+            parser.exit(message=f"toposlice {version()}\n")
+
+    return VersionAction
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The full parser, or with ``only`` the options of that one command (``--help`` of
     the top level still lists every command); ``only="*"``: every command's options
@@ -107,7 +122,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         epilog=examples(*EXAMPLES["discover"][:1], *EXAMPLES["slices"][:1], *EXAMPLES["help"]),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--version", action="version", version=f"toposlice {version()}")
+    parser.add_argument(
+        "--version", action=_version_action(), help="print the installed version and exit"
+    )
     parser.add_argument("-q", "--quiet", action="store_true", help=QUIET_HELP)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
