@@ -21,7 +21,7 @@ from contextlib import contextmanager
 
 from discovery.nvml_replay import ReplayNvml
 
-__all__ = ["extract_gathered", "gathered_nvml", "gathered_root", "restore_paths"]
+__all__ = ["check_archive", "extract_gathered", "gathered_nvml", "gathered_root", "restore_paths"]
 
 NVML_FILE = "nvml.json"
 META_FILE = "toposlice-gather.json"
@@ -61,6 +61,38 @@ def _check_member(archive: str, member: tarfile.TarInfo) -> None:
             raise ValueError(f"{archive}: symlink {name!r} points outside the archive")
 
 
+#: What reading a damaged archive raises besides ``tarfile.TarError``: a truncated gzip
+#: stream (``EOFError``), bad gzip/bz2/xz data (``OSError``, ``zlib.error``, ``lzma``).
+_DAMAGED = (EOFError, OSError, ValueError)
+
+
+def _archive_error(archive: str, exc: BaseException) -> ValueError:
+    """One line for an archive that cannot be read: what it is, not tarfile's list of
+    every compression it tried."""
+    if isinstance(exc, tarfile.ReadError) and "could not be opened" in str(exc):
+        why = "not a tar archive (want the .tar.gz `toposlice gather` writes)"
+    elif isinstance(exc, EOFError) or "unexpected end" in str(exc):
+        why = "truncated: the archive ends early (copied or downloaded in part?)"
+    else:
+        why = f"damaged archive: {' '.join(str(exc).split()) or type(exc).__name__}"
+    return ValueError(f"{archive}: {why}")
+
+
+def check_archive(archive: str) -> None:
+    """Read the whole archive once, without extracting: ValueError naming it when it is
+    no tar archive, is truncated or damaged (before a command binds or writes anything)."""
+    try:
+        with tarfile.open(archive, "r:*") as tf:
+            for _member in tf:
+                pass
+    except IsADirectoryError:
+        raise ValueError(f"{archive}: is a directory") from None
+    except (tarfile.TarError, *_DAMAGED) as exc:
+        if isinstance(exc, OSError) and exc.strerror and exc.filename:
+            raise ValueError(f"{archive}: {exc.strerror}") from None
+        raise _archive_error(archive, exc) from None
+
+
 @contextmanager
 def extract_gathered(archive: str) -> Iterator[str]:
     """Extract a gathered archive into a temporary directory (removed on exit)."""
@@ -77,8 +109,10 @@ def extract_gathered(archive: str) -> Iterator[str]:
                     if len(members) > _MAX_MEMBERS:
                         raise ValueError(f"{archive}: more than {_MAX_MEMBERS} members")
                 tf.extractall(tmp, members=members, filter="data")
-        except tarfile.TarError as exc:
-            raise ValueError(f"{archive}: not a readable gather archive: {exc}") from None
+        except (tarfile.TarError, EOFError, OSError) as exc:
+            if isinstance(exc, OSError) and exc.strerror and exc.filename:
+                raise ValueError(f"{archive}: {exc.strerror}") from None
+            raise _archive_error(archive, exc) from None
         yield tmp
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -14,6 +14,7 @@ import os
 from dataclasses import dataclass
 from typing import TypedDict
 
+from driver.flag_types import seconds
 from normalize.options import NormalizeOptions
 from normalize.validation import driver_name_errors, is_dns_subdomain
 
@@ -153,6 +154,18 @@ class NodeNameFromEnv(str):
     flag = "$NODE_NAME"
 
 
+class DriverFromEnv(str):
+    """``run --driver``'s value when it came from ``$DRIVER_NAME`` (named in errors)."""
+
+    flag = "$DRIVER_NAME"
+
+
+def driver_default() -> str:
+    """``run --driver``'s default: ``$DRIVER_NAME`` (the chart's variable), else ours."""
+    value = _env("DRIVER_NAME")
+    return DEFAULT_DRIVER if value is None else DriverFromEnv(value)
+
+
 def node_name_default() -> str | None:
     """The default of ``--node-name`` in every command that names a node: ``$NODE_NAME``
     (a DaemonSet sets it from the downward API); unset or empty: none."""
@@ -172,11 +185,6 @@ def add_driver_args(p: argparse.ArgumentParser) -> None:
         help="kubeconfig file ($KUBECONFIG); in-cluster service account when absent",
     )
     g.add_argument(
-        "--driver-name",
-        default=_env("DRIVER_NAME"),
-        help=f"DRA driver name ($DRIVER_NAME; default {DEFAULT_DRIVER})",
-    )
-    g.add_argument(
         "--kubelet-registrar-directory-path",
         default=_env("KUBELET_REGISTRAR_DIRECTORY_PATH", DEFAULT_REGISTRAR_DIR),
         metavar="DIR",
@@ -186,7 +194,7 @@ def add_driver_args(p: argparse.ArgumentParser) -> None:
         "--kubelet-plugins-directory-path",
         default=_env("KUBELET_PLUGINS_DIRECTORY_PATH"),
         metavar="DIR",
-        help=f"directory of dra.sock (default {DEFAULT_PLUGINS_PARENT}/<driver-name>)",
+        help=f"directory of dra.sock (default {DEFAULT_PLUGINS_PARENT}/<driver>)",
     )
     g.add_argument(
         "--cdi-root",
@@ -237,22 +245,22 @@ def add_driver_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--rediscover-interval",
-        type=float,
-        default=float(_env("REDISCOVER_INTERVAL", "60") or 60),
+        type=seconds(),
+        default=_env("REDISCOVER_INTERVAL", "60"),
         metavar="S",
         help="rediscover the node every S seconds, besides hot-plug events (default %(default)s)",
     )
     g.add_argument(
         "--resync-interval",
-        type=float,
-        default=float(_env("RESYNC_INTERVAL", "10") or 10),
+        type=seconds(),
+        default=_env("RESYNC_INTERVAL", "10"),
         metavar="S",
         help="re-check the published slices every S seconds (default %(default)s)",
     )
     g.add_argument(
         "--startup-timeout",
-        type=float,
-        default=float(_env("STARTUP_TIMEOUT", "10") or 10),
+        type=seconds(allow_low=True),
+        default=_env("STARTUP_TIMEOUT", "10"),
         metavar="S",
         help="keep trying to reach the API server and find the Node this long at start, "
         "then exit 1 (default %(default)s; 0 = one try)",
@@ -312,9 +320,10 @@ def node_name_errors(name: str | None, flag: str = "--node-name") -> list[str]:
     return []
 
 
-def driver_errors(name: str, flag: str = "--driver-name") -> list[str]:
+def driver_errors(name: str, flag: str = "--driver") -> list[str]:
     """CSI driver-name rules, lower case only (the name is also the CDI vendor and the
-    taint-key prefix, which are case-sensitive)."""
+    taint-key prefix, which are case-sensitive); a name from ``$DRIVER_NAME`` is called so."""
+    flag = getattr(name, "flag", flag)
     errs = [e.replace("spec.driver", f"{flag} {name!r}") for e in driver_name_errors(name)]
     if not errs and name != name.lower():
         errs.append(f"{flag} {name!r} must be lower case")
@@ -356,14 +365,7 @@ def load_config(
     args: argparse.Namespace, root: str, live: bool, normalize: NormalizeOptions
 ) -> DaemonConfig:
     """Validate everything the daemon needs before it touches the host or the API."""
-    normalize_driver = getattr(args, "driver", None)
-    driver = args.driver_name or normalize_driver or DEFAULT_DRIVER
-    if (
-        args.driver_name
-        and normalize_driver not in (None, DEFAULT_DRIVER)
-        and normalize_driver != args.driver_name
-    ):
-        raise ConfigError(f"--driver {normalize_driver!r} and --driver-name {driver!r} differ")
+    driver = getattr(args, "driver", None) or DEFAULT_DRIVER
     errs = driver_errors(driver) + node_name_errors(args.node_name)
     if errs:
         raise ConfigError(errs[0])
@@ -373,11 +375,6 @@ def load_config(
     registrar_dir = os.path.abspath(args.kubelet_registrar_directory_path)
     _socket_fits(os.path.join(registrar_dir, f"{driver}-reg.sock"), "registration")
     _socket_fits(os.path.join(plugins_dir, "dra.sock"), "DRA service")
-    for flag in ("rediscover_interval", "resync_interval"):
-        if getattr(args, flag) <= 0:
-            raise ConfigError(f"--{flag.replace('_', '-')} must be > 0")
-    if args.startup_timeout < 0:
-        raise ConfigError("--startup-timeout must be >= 0")
     http_addr = args.http_addr or None
     if http_addr is not None:
         parse_http_addr(http_addr)
@@ -393,7 +390,7 @@ def load_config(
     check_kubeconfig(args.kubeconfig)  # last: the other flags' errors are the likelier typo
     return DaemonConfig(
         node_name=str(args.node_name),
-        driver_name=driver,
+        driver_name=str(driver),
         kubeconfig=args.kubeconfig or None,
         registrar_dir=registrar_dir,
         plugins_dir=plugins_dir,
@@ -403,7 +400,7 @@ def load_config(
         publish=publish,
         root=root,
         live=live,
-        normalize=dataclasses.replace(normalize, driver=driver),
+        normalize=dataclasses.replace(normalize, driver=str(driver)),
         rediscover_interval=args.rediscover_interval,
         resync_interval=args.resync_interval,
         startup_timeout=args.startup_timeout,

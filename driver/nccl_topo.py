@@ -20,6 +20,7 @@ from xml.sax.saxutils import quoteattr
 
 from discovery.model import Gpu, Inventory, Nic, PciDevice
 from discovery.readers import normalize_bdf
+from normalize.device_refs import resolve_refs
 from normalize.options import MatrixNics
 from normalize.relations import matrix_nics, ordered_gpus
 
@@ -256,16 +257,5 @@ def resolve_devices(
         kind, _, bus = vertex.partition(":")
         if kind in ("gpu", "nic") and bus in by_bus:
             by_name[name] = by_bus[bus]
-    chosen: list[Gpu | Nic] = []
-    for token in tokens:
-        dev = by_label.get(token.upper()) or by_name.get(token)
-        if dev is None:
-            dev = by_bus.get(normalize_bdf(token) or token.lower())
-        if dev is None:
-            raise ValueError(
-                f"--devices: {token!r} is not a GPU or NIC of this node (give GPU<n>/NIC<n> "
-                "as toposlice graph lists them, a DRA device name or a PCI bus id)"
-            )
-        if all(dev is not c for c in chosen):
-            chosen.append(dev)
+    chosen = resolve_refs(tokens, labels=by_label, names=by_name, buses=by_bus)
     return [d for d in chosen if isinstance(d, Gpu)], [d for d in chosen if isinstance(d, Nic)]

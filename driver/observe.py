@@ -28,21 +28,32 @@ PLUGINS_REGISTRY = "/var/lib/kubelet/plugins_registry"
 
 
 def load_slice_files(paths: Iterable[str | Path]) -> list[dict[str, Any]]:
-    """ResourceSlices from YAML/JSON files (multi-document, or ``kind: List`` as kubectl
-    writes them). A file that cannot be read or parsed raises ``ValueError`` naming it."""
+    """ResourceSlices from YAML/JSON files in every form kubectl reads or writes: one
+    object, a ``kind: List``, a YAML stream, a JSON array. A file that cannot be read,
+    decoded or parsed raises ``ValueError`` naming it, in one line."""
     out: list[dict[str, Any]] = []
     for path in paths:
         try:
             with open(path, encoding="utf-8") as fh:
                 docs = list(yaml.safe_load_all(fh))
-        except (OSError, yaml.YAMLError) as exc:
-            raise ValueError(f"cannot read slices from {path}: {exc}") from exc
+        except OSError as exc:
+            raise ValueError(f"cannot read slices from {path}: {exc.strerror or exc}") from exc
+        except UnicodeDecodeError as exc:
+            raise ValueError(
+                f"cannot read slices from {path}: not UTF-8 text (byte {exc.start})"
+            ) from exc
+        except yaml.YAMLError as exc:
+            from driver.config import yaml_error_line
+
+            raise ValueError(f"cannot read slices from {path}: {yaml_error_line(exc)}") from exc
         for doc in docs:
             out.extend(_slices_of(doc))
     return out
 
 
 def _slices_of(doc: Any) -> list[dict[str, Any]]:
+    if isinstance(doc, list):  # a JSON array (what `toposlice slices -o json` printed once)
+        return [d for item in doc for d in _slices_of(item)]
     if not isinstance(doc, dict):
         return []
     if isinstance(doc.get("items"), list):

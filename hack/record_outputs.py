@@ -69,9 +69,9 @@ def discover_once() -> Iterator[None]:
     output is the same and recording takes a fraction of the time (the test uses it)."""
     import copy
 
-    from toposlice import cli
+    from toposlice import sources
 
-    real = cli.load_inventory
+    real = sources.load_inventory
     cache: dict[tuple[object, ...], Any] = {}
 
     def cached(args: argparse.Namespace) -> Any:
@@ -80,11 +80,11 @@ def discover_once() -> Iterator[None]:
             cache[key] = real(args)
         return copy.deepcopy(cache[key])
 
-    cli.load_inventory = cached  # type: ignore[assignment]
+    sources.load_inventory = cached  # type: ignore[assignment]
     try:
         yield
     finally:
-        cli.load_inventory = real  # type: ignore[assignment]
+        sources.load_inventory = real  # type: ignore[assignment]
 
 
 def record_sources(roots: dict[str, Path], shared: bool = False) -> dict[str, str]:

@@ -172,6 +172,8 @@ def load_document(path: str | Path) -> Any:
         text = p.read_text(encoding="utf-8")
     except OSError as exc:
         raise ValueError(f"{p}: cannot read: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{p}: not JSON/YAML: not UTF-8 text (byte {exc.start})") from exc
     try:
         return json.loads(text) if text.lstrip().startswith("{") else yaml.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
@@ -226,6 +228,8 @@ def occupancy_from_dict(data: Any, where: str = "occupancy") -> Occupancy:
         items = data
     elif isinstance(data, dict) and "items" in data:
         items = data["items"]
+    elif isinstance(data, dict) and data.get("kind") == "ResourceClaim":
+        items = [data]
     if items is not None:
         for i, claim in enumerate(items):
             if not isinstance(claim, dict):
@@ -251,4 +255,19 @@ def occupancy_from_dict(data: Any, where: str = "occupancy") -> Occupancy:
 
 
 def load_occupancy(path: str | Path) -> Occupancy:
-    return occupancy_from_dict(load_document(path), str(path))
+    """Occupancy from a file: the mapping form, or ResourceClaims in every form kubectl
+    reads or writes (one object, a List, a JSON array, a YAML stream of them)."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return occupancy_from_dict(load_document(path), str(path))  # its one-line error
+    if text.lstrip().startswith(("{", "[")):
+        return occupancy_from_dict(load_document(path), str(path))
+    try:
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{p}: not JSON/YAML: {exc}") from exc
+    if len(docs) == 1:
+        return occupancy_from_dict(docs[0], str(path))
+    return occupancy_from_dict(docs, str(path))

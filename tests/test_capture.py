@@ -82,7 +82,7 @@ def test_cli_capture(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None
     assert capsys.readouterr().out.split() == listed
 
     out = tmp_path / "dgx.yaml"
-    assert main(["machines", "capture", "--fake", "dgx-h100", "-o", str(out)]) == 0
+    assert main(["machines", "capture", "--fake", "dgx-h100", "--output-file", str(out)]) == 0
     assert capsys.readouterr().err == ""
     assert main(["graph", "--fake", str(out), "-o", "json"]) == 0
     captured_graph = json.loads(capsys.readouterr().out)

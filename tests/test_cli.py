@@ -28,6 +28,13 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
     return capsys.readouterr().out
 
 
+def items(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """The objects of ``slices -o json``: a v1 List, as kubectl prints several."""
+    assert doc["apiVersion"] == "v1" and doc["kind"] == "List", doc.keys()
+    items: list[dict[str, Any]] = doc["items"]
+    return items
+
+
 def check_slices(slices: list[dict[str, Any]], node: str) -> None:
     assert slices, "always at least one slice"
     assert validate_pool(slices) == []
@@ -74,7 +81,7 @@ def test_hwloc_dump_end_to_end(
     jsonschema.validate(inv, json.loads((SCHEMAS / "inventory.schema.json").read_text()))
     for flags in SLICE_FLAGS:
         out = run(capsys, "slices", "--sysfs-root", root, "--node-name", "n1", "-o", "json", *flags)
-        check_slices(json.loads(out), "n1")
+        check_slices(items(json.loads(out)), "n1")
     # The scoring view an independent checker feeds to fidelity_check.py.
     fid = json.loads(run(capsys, "discover", "--sysfs-root", root, "-o", "fidelity"))
     assert fid["schema"] == "topology-fidelity/v1"
@@ -94,7 +101,7 @@ def test_inventory_round_trip(tmp_path: Path, capsys: pytest.CaptureFixture[str]
 
 def test_dgx_slices_carry_standard_attributes(capsys: pytest.CaptureFixture[str]) -> None:
     out = run(capsys, "slices", "--fake", "dgx-h100", "--node-name", "dgx", "-o", "json")
-    devices = {d["name"]: d for s in json.loads(out) for d in s["spec"]["devices"]}
+    devices = {d["name"]: d for s in items(json.loads(out)) for d in s["spec"]["devices"]}
     gpu0 = devices["gpu-0000-1b-00-0"]["attributes"]
     assert gpu0["resource.kubernetes.io/pciBusID"] == {"string": "0000:1b:00.0"}
     assert gpu0["resource.kubernetes.io/numaNode"] == {"int": 0}
@@ -105,7 +112,8 @@ def test_dgx_slices_carry_standard_attributes(capsys: pytest.CaptureFixture[str]
 
 def test_cloud_vm_omits_numa_node(capsys: pytest.CaptureFixture[str]) -> None:
     out = run(capsys, "slices", "--fake", "cloud-vm-1gpu", "--node-name", "vm", "-o", "json")
-    gpus = [d for s in json.loads(out) for d in s["spec"]["devices"] if d["name"].startswith("gpu")]
+    slices = items(json.loads(out))
+    gpus = [d for s in slices for d in s["spec"]["devices"] if d["name"].startswith("gpu")]
     assert len(gpus) == 1
     assert "resource.kubernetes.io/numaNode" not in gpus[0]["attributes"]
     assert "resource.kubernetes.io/pcieRoot" in gpus[0]["attributes"]
@@ -151,7 +159,7 @@ def test_invalid_host_name_asks_for_node_name(
     shutil.copytree(hwloc_roots[hwloc_cases()[0]], root, symlinks=True)
     (root / "etc").mkdir(exist_ok=True)
     (root / "etc" / "hostname").write_text("GPU-Node-01\n")
-    slices = json.loads(run(capsys, "slices", "--root", str(root), "-o", "json"))
+    slices = items(json.loads(run(capsys, "slices", "--root", str(root), "-o", "json")))
     assert slices[0]["spec"]["pool"]["name"] == "gpu-node-01"
     (root / "etc" / "hostname").write_text("gpu_node!\n")
     assert main(["slices", "--root", str(root), "-o", "json"]) == 2

@@ -32,8 +32,26 @@ contexts: [{name: x, context: {cluster: c, user: u}}]
 current-context: x
 """
 
+
+def _truncated_archive() -> bytes:
+    """The first half of a gzip'd tar (as a copy or download cut short leaves it)."""
+    import gzip
+    import io
+    import random
+    import tarfile
+
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w") as tf:
+        data = random.Random(0).randbytes(64 << 10)  # incompressible: the cut is mid-stream
+        info = tarfile.TarInfo("sys/devices/blob")
+        info.size = len(data)
+        tf.addfile(info, io.BytesIO(data))
+    packed = gzip.compress(raw.getvalue())
+    return packed[: len(packed) // 2]
+
+
 #: Files the rows refer to, written into {tmp}.
-FILES = {
+FILES: dict[str, str | bytes] = {
     "garbage.yaml": "a: [\n",
     "string.yaml": '"just a string"\n',
     "mapping.json": '{"a": 1}\n',
@@ -41,6 +59,9 @@ FILES = {
     "kubeconfig.yaml": KUBECONFIG,
     "request.yaml": "gpus: 16\n",
     "machine.yaml": "name: x\n",
+    "two.yaml": "gpus: 2\n",
+    "latin1.yaml": b"gpus: 2\nname: caf\xe9\n",
+    "truncated.tar.gz": _truncated_archive(),
 }
 
 #: The driver's host directories, pointed into {host} (a short temporary directory: socket
@@ -234,14 +255,124 @@ CASES: dict[str, Case] = {
         ("$KUBECONFIG", "--no-kube"),
     ),
     "gather-into-missing-directory": Case(
-        "gather --fake cpu-2s -o {tmp}/missing/dir/x.tar.gz",
+        "gather --fake cpu-2s --output-file {tmp}/missing/dir/x.tar.gz",
         2,
-        ("-o {tmp}/missing/dir/x.tar.gz: no directory {tmp}/missing/dir",),
+        ("--output-file {tmp}/missing/dir/x.tar.gz: {tmp}/missing/dir: no such directory",),
     ),
     "score-nothing-fits-says-why": Case(
         "score --request {tmp}/request.yaml --fake cpu-2s",
         1,
         ("no placement fits the request: it asks for 16 GPUs", "0 (cpu-2s)"),
+    ),
+    # Issue #23: files and flags named, once
+    "gathered-truncated": Case(
+        "discover --gathered {tmp}/truncated.tar.gz",
+        2,
+        ("--gathered {tmp}/truncated.tar.gz: truncated",),
+    ),
+    "serve-gathered-truncated": Case(
+        "serve --gathered {tmp}/truncated.tar.gz --http-addr 127.0.0.1:0",
+        2,
+        ("--gathered {tmp}/truncated.tar.gz: truncated",),
+    ),
+    "gathered-directory": Case(
+        "discover --gathered {tmp}", 2, ("--gathered {tmp}: is a directory",)
+    ),
+    "gathered-not-an-archive": Case(
+        "graph --gathered {tmp}/mapping.json",
+        2,
+        ("--gathered {tmp}/mapping.json: not a tar archive",),
+    ),
+    "nccl-topo-output-file-directory": Case(
+        "nccl-topo --fake cpu-2s --output-file {tmp}",
+        2,
+        ("--output-file {tmp}: is a directory",),
+    ),
+    "capture-output-file-directory": Case(
+        "machines capture --fake cpu-2s --output-file {tmp}",
+        2,
+        ("--output-file {tmp}: is a directory",),
+    ),
+    "gather-output-file-directory": Case(
+        "gather --fake cpu-2s --output-file {tmp}", 2, ("--output-file {tmp}: is a directory",)
+    ),
+    "score-emit-claim-directory": Case(
+        "score --request {tmp}/two.yaml --fake dgx-h100 --emit-claim {tmp}",
+        2,
+        ("--emit-claim {tmp}: is a directory",),
+    ),
+    "score-emit-claim-missing-directory": Case(
+        "score --request {tmp}/two.yaml --fake dgx-h100 --emit-claim {tmp}/no/dir/x.yaml",
+        2,
+        ("--emit-claim {tmp}/no/dir/x.yaml: {tmp}/no/dir: no such directory",),
+    ),
+    "claim-invalid-name": Case(
+        "claim --gpus 4 --name 'Bad Name'",
+        2,
+        ("--name 'Bad Name' is not a valid Kubernetes object name",),
+    ),
+    "score-fake-invalid-node-name": Case(
+        "score --request {tmp}/two.yaml --fake dgx-h100:BAD_NAME",
+        2,
+        ("--fake dgx-h100:BAD_NAME: NODE 'BAD_NAME' is not a valid Kubernetes node name",),
+    ),
+    "score-invalid-claim-name": Case(
+        "score --request {tmp}/two.yaml --fake dgx-h100 --claim-name Bad_Name",
+        2,
+        ("--claim-name 'Bad_Name' is not a valid Kubernetes ResourceClaimTemplate name",),
+    ),
+    "score-request-not-utf8": Case(
+        "score --request {tmp}/latin1.yaml --fake cpu-2s",
+        2,
+        ("{tmp}/latin1.yaml: not JSON/YAML: not UTF-8 text",),
+    ),
+    "score-graph-not-utf8": Case(
+        "score --request {tmp}/two.yaml --graph {tmp}/latin1.yaml",
+        2,
+        ("{tmp}/latin1.yaml: not JSON/YAML: not UTF-8 text",),
+    ),
+    "doctor-slices-not-utf8": Case(
+        "doctor --fake cpu-2s --slices {tmp}/latin1.yaml",
+        2,
+        ("cannot read slices from {tmp}/latin1.yaml: not UTF-8 text",),
+    ),
+    "doctor-slices-directory": Case(
+        "doctor --fake cpu-2s --slices {tmp}",
+        2,
+        ("cannot read slices from {tmp}: Is a directory",),
+    ),
+    "inventory-not-utf8": Case(
+        "discover --inventory {tmp}/latin1.yaml",
+        2,
+        ("--inventory {tmp}/latin1.yaml: not UTF-8 text",),
+    ),
+    "claim-min-gpu-memory-not-a-quantity": Case(
+        "claim --gpus 2 --min-gpu-memory lots",
+        2,
+        ("--min-gpu-memory 'lots': not a quantity",),
+    ),
+    "score-devices-empty": Case(
+        "score --request {tmp}/two.yaml --fake dgx-h100 --devices ''",
+        2,
+        ("--devices '': no device named",),
+    ),
+    "nccl-topo-devices-empty": Case(
+        "nccl-topo --fake dgx-h100 --devices ''", 2, ("--devices '': no device named",)
+    ),
+    "discover-probes-empty": Case(
+        "discover --fake cpu-2s --probes ''", 2, ("--probes '': no probe named",)
+    ),
+    "run-invalid-driver": Case(
+        "run --fake cpu-2s --node-name n1 --kubeconfig {tmp}/kubeconfig.yaml --driver bad_driver "
+        "{host_dirs}",
+        2,
+        ("--driver 'bad_driver'",),
+    ),
+    "run-invalid-driver-env": Case(
+        "DRIVER_NAME=bad_driver run --fake cpu-2s --node-name n1 --kubeconfig "
+        "{tmp}/kubeconfig.yaml {host_dirs}",
+        2,
+        ("$DRIVER_NAME 'bad_driver'",),
     ),
 }
 
@@ -290,7 +421,10 @@ def test_bad_input_is_one_line_and_leaves_nothing(
 ) -> None:
     case = CASES[name]
     for file, text in FILES.items():
-        (tmp_path / file).write_text(text)
+        if isinstance(text, bytes):
+            (tmp_path / file).write_bytes(text)
+        else:
+            (tmp_path / file).write_text(text)
     if "node-b.yaml" in case.args:
         out = toposlice(["slices", "--fake", "cpu-2s", "--node-name", "node-b"], tmp_path)
         (tmp_path / "node-b.yaml").write_text(out.stdout)

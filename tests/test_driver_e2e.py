@@ -258,7 +258,7 @@ def run_fail(argv: list[str], timeout: float = 60) -> tuple[int, str]:
 def test_bad_flags_are_one_line(driver: Driver) -> None:
     for flags, needle in (
         (["--node-name", "BAD_Name"], "not a valid Kubernetes node name"),
-        (["--driver-name", "bad_driver"], "bad_driver"),
+        (["--driver", "bad_driver"], "--driver 'bad_driver'"),
         (["--publish", "gpu,fpga"], "--publish"),
         (["--http-addr", "nowhere"], "--http-addr"),
     ):

@@ -204,7 +204,7 @@ def test_extraction_refuses_unsafe_members(
 
 def test_cli_gather_then_replay(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     archive = tmp_path / "vm.tar.gz"
-    assert main(["gather", "--fake", "cloud-vm-1gpu", "-o", str(archive)]) == 0
+    assert main(["gather", "--fake", "cloud-vm-1gpu", "--output-file", str(archive)]) == 0
     out = capsys.readouterr().out
     assert "NVML answers" in out and "the replay gives the host's inventory" in out
     assert main(["discover", "--gathered", str(archive), "-o", "json"]) == 0

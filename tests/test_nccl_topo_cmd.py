@@ -212,7 +212,7 @@ def test_subset_by_label_name_and_bus_id_is_what_a_claim_gets(tmp_path: Path) ->
     buses = ",".join(by_name[n].upper() for n in picked)
     assert run_cli([*base, "--devices", buses]) == prepared
     out = tmp_path / "topo.xml"
-    run_cli([*base, "--devices", ",".join(picked), "-o", str(out)])
+    run_cli([*base, "--devices", ",".join(picked), "--output-file", str(out)])
     assert out.read_text() == prepared
 
 

@@ -12,21 +12,36 @@ from toposlice.output import dump
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--gpus", type=int, help="GPUs per pod (or from --request)")
-    p.add_argument("--nics-per-gpu", type=int, default=None, help="GPUDirect NICs per GPU")
-    p.add_argument("--cpu-groups", type=int, default=0, help="CPU-group devices (default 0)")
-    p.add_argument("--min-gpu-memory", default=None, help="GPU memory at least (e.g. 40Gi)")
+    from driver.flag_types import count
+
+    p.add_argument("--gpus", type=count(1, 64), help="GPUs per pod, 1..64 (or from --request)")
+    p.add_argument(
+        "--nics-per-gpu", type=count(0, 8), default=None, help="GPUDirect NICs per GPU, 0..8"
+    )
+    p.add_argument(
+        "--cpu-groups", type=count(0, 8), default=0, help="CPU-group devices, 0..8 (default 0)"
+    )
+    p.add_argument(
+        "--min-gpu-memory", default=None, metavar="QUANTITY", help="GPU memory at least (40Gi)"
+    )
     p.add_argument("--request", metavar="REQ.yaml", help="a scorer request file to read from")
     p.add_argument("--name", default=None, help="template name (default: request name)")
-    p.add_argument("--namespace", default=None)
+    p.add_argument("--namespace", default=None, help="the template's namespace (default: none)")
     p.add_argument("--driver", default="toposlice.dev", help="DRA driver name")
-    p.add_argument("-o", "--output", choices=["yaml", "json"], default="yaml")
+    p.add_argument(
+        "-o",
+        "--output",
+        choices=["yaml", "json"],
+        default="yaml",
+        help="a v1 List of the template and its DeviceClasses (default %(default)s)",
+    )
     p.add_argument(
         "--fake",
         action="append",
         default=[],
         metavar="NAME",
-        help="also print (stderr) what the allocator model gives on this fake machine, empty",
+        help="also print (stderr) what the allocator model gives on this fake machine, empty, "
+        "and its score (the one `toposlice score --devices` gives that set)",
     )
 
 
@@ -49,7 +64,10 @@ def build(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
         raise ValueError(f"--cpu-groups {args.cpu_groups}: must be 0..8")
     memory = req.min_gpu_memory if req else 0
     if args.min_gpu_memory is not None:
-        memory = parse_quantity(args.min_gpu_memory)
+        try:
+            memory = parse_quantity(args.min_gpu_memory)
+        except ValueError as exc:
+            raise ValueError(f"--min-gpu-memory {args.min_gpu_memory!r}: {exc}") from exc
     base = req or Request(gpus=gpus)
     sel_req = Request(
         gpus=gpus,
@@ -59,13 +77,24 @@ def build(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     selectors = gpu_selectors(sel_req, args.driver)
     spec = ladder_spec(gpus, nics, args.driver, selectors, args.cpu_groups)
     name = args.name or (req.name if req else f"gpus-{gpus}" + (f"-nics-{nics}" if nics else ""))
+    from toposlice.sources import check_object_name
+
+    check_object_name("--name" if args.name else "the request's name", name, "object")
+    if args.namespace is not None:
+        from normalize.validation import is_dns_label
+
+        if not is_dns_label(args.namespace):
+            raise ValueError(f"--namespace {args.namespace!r} is not a DNS-1123 label")
     return name, spec
 
 
 def run(args: argparse.Namespace) -> int:
     from normalize.deviceclasses import device_classes
+    from toposlice.sources import check_fake
 
     name, spec = build(args)
+    for machine in args.fake:
+        check_fake(machine)
     meta: dict[str, Any] = {"name": name}
     if args.namespace:
         meta["namespace"] = args.namespace
@@ -83,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
     classes = [c for c in device_classes(args.driver) if c["metadata"]["name"] in used]
     doc = {"apiVersion": "v1", "kind": "List", "items": [template, *classes]}
     for machine in args.fake:
-        print(f"# {machine}: {_on_machine(machine, spec, args.driver)}", file=sys.stderr)
+        print(f"# {machine}: {_on_machine(machine, spec, args)}", file=sys.stderr)
     if args.output == "json":
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
     else:
@@ -91,18 +120,44 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _on_machine(machine: str, spec: dict[str, Any], driver: str) -> str:
+def _on_machine(machine: str, spec: dict[str, Any], args: argparse.Namespace) -> str:
+    """What the allocator model picks on the empty machine, with the score of that
+    device set: the scorer's (``score_devices``, what ``toposlice score --devices``
+    reports), not the scheduler's prioritized-list rank, so the two commands agree."""
     from normalize.deviceclasses import device_classes
+    from normalize.graph import build_graph
     from normalize.options import NormalizeOptions
     from normalize.slices import build_slices
     from scorer.allocator import Allocator
-    from scorer.ladder import prioritized_score
+    from scorer.request import Occupancy
+    from scorer.score import score_devices
+    from scorer.topology import from_graph
     from toposlice.discover import discover
 
+    driver = args.driver
+    opts = NormalizeOptions(driver=driver)
     inv = discover("/", fake=machine)
-    slices = build_slices(inv, "node", NormalizeOptions(driver=driver))
+    slices = build_slices(inv, "node", opts)
     got = Allocator(slices, device_classes(driver), "node").allocate(spec)
     if got is None:
         return "unsatisfiable"
-    score = prioritized_score(spec, [r.request for r in got])
-    return f"score {score}; " + "; ".join(f"{r.request} = {r.device}" for r in got)
+    topo = from_graph(build_graph(inv, opts, node_name="node"))
+    req = _score_request(args, spec)
+    placement = score_devices(topo, Occupancy(), req, [r.device for r in got])
+    return f"score {placement.score:.2f}; " + "; ".join(f"{r.request} = {r.device}" for r in got)
+
+
+def _score_request(args: argparse.Namespace, spec: dict[str, Any]) -> Any:
+    """The scorer request the claim stands for: ``--request``'s, or the one a request file
+    with these counts gives (its defaults: pattern data-parallel beyond one GPU)."""
+    import dataclasses
+
+    from scorer.request import load_request, request_from_dict
+
+    if args.request:
+        req = load_request(args.request)
+    else:
+        req = request_from_dict({"gpus": args.gpus}, "--gpus")
+    gpus = args.gpus if args.gpus is not None else req.gpus
+    nics = args.nics_per_gpu if args.nics_per_gpu is not None else req.nics_per_gpu
+    return dataclasses.replace(req, gpus=gpus, nics_per_gpu=nics, cpus=args.cpu_groups)

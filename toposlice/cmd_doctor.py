@@ -31,7 +31,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--slices",
         action="append",
         metavar="FILE",
-        help="read ResourceSlices from a YAML/JSON file instead (repeatable)",
+        help="read ResourceSlices from a YAML/JSON file instead (repeatable): one object, a "
+        "v1 List (kubectl get -o json/yaml), a YAML stream or a JSON array",
     )
     reg = p.add_mutually_exclusive_group()
     reg.add_argument(
@@ -51,7 +52,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "GPUs with a bound kernel driver but no usable vendor CDI device (default on this "
         "host: /etc/cdi,/var/run/cdi; not checked for --fake/--inventory unless given)",
     )
-    p.add_argument("-o", "--output", choices=["table", "json", "yaml"], default="table")
+    p.add_argument(
+        "-o",
+        "--output",
+        choices=["table", "json", "yaml"],
+        default="table",
+        help="table: drivers and findings for people; json/yaml: the normalization report "
+        "(default %(default)s)",
+    )
     p.add_argument(
         "--fail-on",
         choices=["warning", "error"],

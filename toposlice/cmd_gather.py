@@ -30,13 +30,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="gather a fake machine's generated tree and its fake NVML (tests, examples)",
     )
-    p.add_argument(
-        "-o",
-        "--output",
-        required=True,
-        metavar="FILE",
-        help="archive to write (.tar.gz); - = stdout",
-    )
+    from toposlice.output import add_output_file_arg
+
+    add_output_file_arg(p, "the archive (.tar.gz)", required=True)
     p.add_argument(
         "--include-serials",
         action="store_true",
@@ -122,25 +118,21 @@ def _write(output: str, data: bytes) -> None:
         sys.stdout.buffer.write(data)
         sys.stdout.buffer.flush()
         return
-    from pathlib import Path
+    from toposlice.output import OUTPUT_FILE, write_output_file
 
-    from driver.atomic import write_atomic
-
-    write_atomic(Path(output), data)
+    write_output_file(OUTPUT_FILE, output, data)
 
 
 def run(args: argparse.Namespace) -> int:
     from discovery.gather import compare_inventories
+    from toposlice.output import OUTPUT_FILE, check_output_file
     from toposlice.replay import discover_gathered
     from toposlice.sources import check_fake, host_root, probe_list
 
     probes = probe_list(args.probes)
-    if args.output != "-":
-        parent = os.path.dirname(os.path.abspath(args.output))
-        if not os.path.isdir(parent):  # a typo in the path: no directories made for it
-            raise ValueError(f"-o {args.output}: no directory {parent}")
-        if os.path.isdir(args.output):
-            raise ValueError(f"-o {args.output}: is a directory; give the archive's file name")
+    output = args.output_file
+    if output != "-":  # a typo in the path: no directories made for it
+        check_output_file(OUTPUT_FILE, output)
     if args.fake is not None:
         check_fake(args.fake)
     elif not os.path.isdir(host_root(args.root)):
@@ -149,14 +141,14 @@ def run(args: argparse.Namespace) -> int:
     result, reference = gather_source(
         args.root,
         args.fake,
-        args.output,
+        output,
         include_serials=args.include_serials,
         probes=probes,
-        check=not args.no_check and args.output != "-",
+        check=not args.no_check and output != "-",
     )
-    out = sys.stderr if args.output == "-" else sys.stdout
+    out = sys.stderr if output == "-" else sys.stdout
     print(
-        f"toposlice gather: wrote {args.output}: {result.files} files, {result.links} symlinks, "
+        f"toposlice gather: wrote {output}: {result.files} files, {result.links} symlinks, "
         f"{result.dirs} directories, {result.size_bytes} bytes"
         + (", NVML answers" if result.nvml else "")
         + (f", {result.redacted} serial-like values replaced" if result.redacted else ""),
@@ -164,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
     )
     if reference is None:
         return 0
-    replay = discover_gathered(args.output, probes=probes)
+    replay = discover_gathered(output, probes=probes)
     diffs = compare_inventories(
         reference.to_dict(), replay.to_dict(), redacted=not args.include_serials
     )

@@ -15,13 +15,41 @@ import sys
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    import argparse as ap
+
+    from toposlice.cli import examples
+
     sub = p.add_subparsers(dest="machines_command", metavar="{list,capture}")
-    sub.add_parser("list", help="list the built-in fake machines (the default)")
-    cap = sub.add_parser("capture", help="write a machine YAML that reproduces a host")
+    sub.add_parser(
+        "list",
+        help="list the built-in fake machines (the default)",
+        description="List the built-in fake machines (names for --fake).",
+        epilog=examples("toposlice machines list"),
+        formatter_class=ap.RawDescriptionHelpFormatter,
+    )
+    cap = sub.add_parser(
+        "capture",
+        help="write a machine YAML that reproduces a host",
+        description="Write a fake-machine YAML that reproduces a host (--fake FILE replays it).",
+        epilog=examples(
+            "toposlice machines capture --output-file node.yaml",
+            "toposlice machines capture --gathered node.tar.gz --output-file node.yaml",
+        ),
+        formatter_class=ap.RawDescriptionHelpFormatter,
+    )
+    from toposlice.output import add_output_file_arg
     from toposlice.sources import add_source_args
 
     add_source_args(cap)
-    cap.add_argument("-o", "--output", metavar="FILE", help="write here (default: stdout)")
+    cap.add_argument(
+        "-o",
+        "--output",
+        choices=["yaml"],
+        default="yaml",
+        help="format: the fake-machine YAML `--fake FILE` reads, the only one "
+        "(default %(default)s)",
+    )
+    add_output_file_arg(cap, "the machine file")
     cap.add_argument(
         "--no-check", action="store_true", help="do not regenerate the machine to compare"
     )
@@ -50,16 +78,16 @@ def _origin(args: argparse.Namespace) -> str:
 
 def _capture(args: argparse.Namespace) -> int:
     from toposlice.capture import capture_yaml
-    from toposlice.sources import load_inventory
+    from toposlice.output import OUTPUT_FILE, check_output_file, write_output_file
+    from toposlice.sources import check_source, load_inventory
 
+    check_source(args)
+    if args.output_file:
+        check_output_file(OUTPUT_FILE, args.output_file)
     inv = load_inventory(args)
     text = capture_yaml(inv, _origin(args))
-    if args.output:
-        from pathlib import Path
-
-        from driver.atomic import write_atomic
-
-        write_atomic(Path(args.output), text.encode())
+    if args.output_file:
+        write_output_file(OUTPUT_FILE, args.output_file, text.encode())
     else:
         sys.stdout.write(text)
     if args.no_check:

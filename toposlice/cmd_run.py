@@ -1,8 +1,9 @@
 """``toposlice run``: the DRA kubelet plugin daemon (registration, node service, slices,
 health, exporter) for this node, or for a fake machine with ``--fake``.
 
-Exit status: 0 after SIGTERM/SIGINT; 2 for bad flags; 1 when it cannot start (API server
-unreachable or Node missing after ``--startup-timeout``, sockets or address unusable).
+Exit status: 0 after SIGTERM, 130 after SIGINT (Ctrl-C, as a shell expects); 2 for bad
+flags; 1 when it cannot start (API server unreachable or Node missing after
+``--startup-timeout``, sockets or address unusable).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     from driver.config import add_driver_args
 
     add_source_args(p)
-    add_normalize_args(p)
+    add_normalize_args(p, driver_env=True)
     add_driver_args(p)
 
 
@@ -74,9 +75,11 @@ def run(args: argparse.Namespace) -> int:
 
     worker = DiscoveryWorker(args, cfg.node_name)
     daemon = Daemon(cfg, inventory_loader(args), snapshotter=worker.snapshot, dot=graph_to_dot)
+    stopped_by: list[int] = []
 
     def on_signal(signum: int, _frame: Any) -> None:
         log.info("signal %d: stopping", signum)
+        stopped_by.append(signum)
         daemon.request_stop()
 
     signal.signal(signal.SIGTERM, on_signal)
@@ -85,8 +88,10 @@ def run(args: argparse.Namespace) -> int:
         try:
             daemon.start()
         except StartupError as exc:
-            print(f"toposlice: error: {exc}", file=sys.stderr)
             daemon.stop(grace=0)
+            if signal.SIGINT in stopped_by:  # Ctrl-C while it waited for the API server
+                return 130
+            print(f"toposlice: error: {exc}", file=sys.stderr)
             return 1
         if live:
             _nvml_sources(daemon)
@@ -94,5 +99,5 @@ def run(args: argparse.Namespace) -> int:
             pass
         daemon.stop()
     finally:
-        worker.close()
-    return 0
+        worker.close(kill=bool(stopped_by))
+    return 130 if signal.SIGINT in stopped_by else 0

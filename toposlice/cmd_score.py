@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
 from toposlice.output import dump
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from driver.flag_types import count
+
     p.add_argument("--request", required=True, metavar="REQ.yaml", help="workload request file")
     src = p.add_argument_group("nodes (at least one)")
     src.add_argument(
@@ -38,17 +39,33 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="YAML/JSON mapping node name -> labels (for the request's nodeLabels filter)",
     )
-    p.add_argument("-o", "--output", choices=["table", "json"], default="table")
-    p.add_argument("--top", type=int, default=5, help="placements to print (default 5)")
     p.add_argument(
-        "--devices", metavar="A,B,...", help="score this device set instead of searching"
+        "-o",
+        "--output",
+        choices=["table", "json"],
+        default="table",
+        help="table: ranked placements with their score parts; json: {placements: [...]} "
+        "(default %(default)s)",
+    )
+    p.add_argument(
+        "--top",
+        type=count(1, 1000),
+        default=5,
+        help="placements to print, 1..1000 (default %(default)s)",
+    )
+    p.add_argument(
+        "--devices",
+        metavar="A,B,...",
+        help="score this device set instead of searching: GPU<n>/NIC<n> as toposlice graph "
+        "lists them, DRA device names or PCI bus ids (as nccl-topo takes them)",
     )
     p.add_argument("--node", help="the node --devices are on (default: the only/first node)")
     p.add_argument(
         "--emit-claim",
         metavar="FILE",
-        help="write a List with the ResourceClaimTemplate(s) and DeviceClasses for the best: "
-        "a prioritized list, the chosen devices first, then looser topology classes",
+        help="write a List with the ResourceClaimTemplate(s) and DeviceClasses for the best "
+        "to FILE (JSON if it ends in .json, else YAML; its directory must exist): a "
+        "prioritized list, the chosen devices first, then looser topology classes",
     )
     p.add_argument("--claim-name", default=None, help="template name (default: request name)")
 
@@ -61,6 +78,10 @@ def fake_node(spec: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     from toposlice.discover import discover
 
     name, _, node = spec.partition(":")
+    if node:
+        from toposlice.sources import check_object_name
+
+        check_object_name(f"--fake {spec}: NODE", node, "node")
     inv = discover("/", fake=name)
     graph = build_graph(inv)
     node = node or str(graph.get("node") or name)
@@ -72,9 +93,9 @@ def _load_nodes(args: argparse.Namespace) -> tuple[list[Any], dict[str, list[dic
 
     labels: dict[str, dict[str, str]] = {}
     if args.node_labels:
-        import yaml
+        from scorer.request import load_document
 
-        data = yaml.safe_load(Path(args.node_labels).read_text(encoding="utf-8"))
+        data = load_document(args.node_labels)
         if not isinstance(data, dict):
             raise ValueError(f"{args.node_labels}: expected a mapping node -> labels")
         labels = {str(k): {str(a): str(b) for a, b in (v or {}).items()} for k, v in data.items()}
@@ -102,21 +123,30 @@ def _load_nodes(args: argparse.Namespace) -> tuple[list[Any], dict[str, list[dic
 
 
 def run(args: argparse.Namespace) -> int:
+    from normalize.device_refs import split_refs
     from scorer.claim import claim_list
     from scorer.request import Occupancy, load_occupancy, load_request
     from scorer.score import score_devices
     from scorer.search import ClusterPlacement, place
 
+    refs = split_refs(args.devices)
+    if args.claim_name is not None:
+        from toposlice.sources import check_object_name
+
+        check_object_name("--claim-name", args.claim_name, "ResourceClaimTemplate")
+    if args.emit_claim:
+        from toposlice.output import check_output_file
+
+        check_output_file("--emit-claim", args.emit_claim)
     req = load_request(args.request)
     occ = load_occupancy(args.occupancy) if args.occupancy else Occupancy()
     nodes, slices = _load_nodes(args)
     by_name = {t.name: t for t in nodes}
-    if args.devices:
+    if refs:
         node = by_name.get(args.node) if args.node else nodes[0]
         if node is None:
             raise ValueError(f"--node {args.node!r}: no such node")
-        names = [d.strip() for d in args.devices.split(",") if d.strip()]
-        p = score_devices(node, occ, req, names)
+        p = score_devices(node, occ, req, device_names(node, refs))
         results = [ClusterPlacement((p,), p.score, {}, "node")]
     else:
         results = place(nodes, occ, req, args.top)
@@ -129,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
     if not results:
         print(f"toposlice: no placement fits the request: {why}", file=sys.stderr)
     if args.emit_claim and results:
-        from driver.atomic import write_atomic
+        from toposlice.output import write_output_file
 
         best = results[0]
         pods = [(by_name[p.node], p) for p in best.pods]
@@ -141,8 +171,22 @@ def run(args: argparse.Namespace) -> int:
             if args.emit_claim.endswith(".json")
             else yaml.safe_dump(doc, sort_keys=False)
         )
-        write_atomic(Path(args.emit_claim), text.encode("utf-8"))
+        write_output_file("--emit-claim", args.emit_claim, text.encode("utf-8"))
     return 0 if results else 1
+
+
+def device_names(topo: Any, refs: list[str]) -> list[str]:
+    """``--devices`` references (``GPU0``, DRA names, bus ids: normalize.device_refs, the
+    parser nccl-topo uses) as the node's DRA device names."""
+    from normalize.device_refs import resolve_refs
+
+    labels = {g.label.upper(): g.dra_device for g in topo.gpus}
+    labels.update({n.label.upper(): n.dra_device for n in topo.nics})
+    names = {name: name for name in topo.by_device}
+    buses = {v.bus_id: v.dra_device for v in (*topo.gpus, *topo.nics)}
+    return resolve_refs(
+        refs, labels=labels, names=names, buses=buses, what="a GPU, NIC or CPU group"
+    )
 
 
 def why_none(nodes: list[Any], occ: Any, req: Any) -> str:

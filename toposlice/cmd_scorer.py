@@ -15,8 +15,17 @@ log = logging.getLogger("toposlice.scorer")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from toposlice.cli import EXAMPLES, examples
+
     sub = p.add_subparsers(dest="scorer_command", required=True)
-    s = sub.add_parser("serve", help="serve filter/prioritize for kube-scheduler")
+    s = sub.add_parser(
+        "serve",
+        help="serve filter/prioritize for kube-scheduler",
+        description="Serve the placement scorer's filter and prioritize verbs as a "
+        "kube-scheduler extender.",
+        epilog=examples(*EXAMPLES["scorer"]),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     s.add_argument(
         "--http-addr",
         default="0.0.0.0:8090",
@@ -118,8 +127,8 @@ def run(args: argparse.Namespace) -> int:
     log.info("serving on %s:%d", host, server.address[1])
     try:
         serve(server)
-    except KeyboardInterrupt:
-        pass
+    except KeyboardInterrupt:  # Ctrl-C: quiet, and 130 as a shell expects
+        return 130
     finally:
         server.stop()
         cache.stop()

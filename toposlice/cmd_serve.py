@@ -29,6 +29,8 @@ log = logging.getLogger("toposlice.serve")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from driver.flag_types import seconds
+
     add_source_args(p)
     add_normalize_args(p)
     p.add_argument(
@@ -37,10 +39,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_node_name_arg(p)
     p.add_argument(
         "--rediscover-interval",
-        type=float,
+        type=seconds(),
         default=60.0,
         metavar="S",
-        help="rediscover the node every S seconds (default %(default)s)",
+        help="rediscover the node every S seconds (default %(default)s; at most a week)",
     )
     p.add_argument(
         "--discover-in-process",
@@ -63,7 +65,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="observe these slice files instead of the API server (repeatable)",
     )
     p.add_argument(
-        "--observe-interval", type=float, default=15.0, metavar="S", help="default %(default)s"
+        "--observe-interval",
+        type=seconds(),
+        default=15.0,
+        metavar="S",
+        help="re-read the observed slices every S seconds (default %(default)s)",
     )
     p.add_argument(
         "--plugins-registry",
@@ -109,7 +115,6 @@ def run(args: argparse.Namespace) -> int:
     from driver.config import parse_http_addr
     from driver.http_server import HttpServer
     from driver.metrics import DriverMetrics
-    from toposlice.discovery_worker import DiscoveryWorker, discover_snapshot
     from toposlice.render import graph_to_dot
 
     # Bad flags exit 2 before anything binds (cli.main prints the ValueError in one line).
@@ -136,6 +141,18 @@ def run(args: argparse.Namespace) -> int:
     def ready() -> tuple[bool, str]:
         return (True, "ok") if view.snapshot() is not None else (False, "no discovery yet")
 
+    # SIGTERM (the kubelet, systemd) stops with 0; SIGINT (Ctrl-C) with 130, as a shell
+    # expects. Both only set the event: the loop below ends, and the finally stops the
+    # server and the discovery helper (which ignores SIGINT: discovery_worker.py).
+    stop = threading.Event()
+    stopped_by: list[int] = []
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        stopped_by.append(signum)
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
     server = HttpServer(
         args.http_addr, view, metrics, ready=ready, publishes=False, dot=graph_to_dot
     )
@@ -144,14 +161,29 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:  # the address is in use, or not this host's: a runtime failure
         print(f"toposlice: error: --http-addr {args.http_addr}: {exc.strerror}", file=sys.stderr)
         return 1
-    log.info("serving on %s", server.url)
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+    try:
+        return _serve(args, view, server, metrics, loader, opts.driver, stop, stopped_by)
+    finally:
+        server.stop()
 
+
+def _serve(
+    args: argparse.Namespace,
+    view: ServeView,
+    server: Any,
+    metrics: Any,
+    loader: Any,
+    driver: str,
+    stop: threading.Event,
+    stopped_by: list[int],
+) -> int:
+    """The discovery loop of a started server, until SIGTERM/SIGINT: the exit status."""
+    from toposlice.discovery_worker import DiscoveryWorker, discover_snapshot
+
+    log.info("serving on %s", server.url)
     observer = None
     if args.observe or args.slices:
-        observer = _observer(args, view, server, opts.driver)
+        observer = _observer(args, view, server, driver)
 
     worker = None if args.discover_in_process else DiscoveryWorker(args)
 
@@ -189,17 +221,16 @@ def run(args: argparse.Namespace) -> int:
             ok, first = discover_once(first), False
             if ok:
                 backoff = 1.0
-                stop.wait(max(args.rediscover_interval, 0.05))
+                stop.wait(args.rediscover_interval)
             else:
                 stop.wait(backoff)
                 backoff = min(backoff * 2, max(args.rediscover_interval, 1.0))
     finally:
         if observer is not None:
             observer.stop()
-        server.stop()
         if worker is not None:
-            worker.close()
-    return 0
+            worker.close(kill=stop.is_set())
+    return 130 if signal.SIGINT in stopped_by else 0
 
 
 def _observer(args: argparse.Namespace, view: ServeView, server: Any, own_driver: str) -> Any:

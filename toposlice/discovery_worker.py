@@ -29,7 +29,14 @@ def background(parent: int = 0) -> None:
     """The discovery helper yields the CPU to the server (and to the workloads), and dies
     with its parent, even one killed with SIGKILL (Linux ``PR_SET_PDEATHSIG``). ``parent``:
     the PID that started it; in a container that is PID 1, so "reparented to init" is
-    a parent PID that changed, not one that is 1."""
+    a parent PID that changed, not one that is 1.
+
+    Ctrl-C reaches the whole process group, the helper too; it leaves stopping to its
+    parent (which kills it) and ignores SIGINT. It was started with SIGINT blocked
+    (:meth:`DiscoveryWorker.snapshot`), so a Ctrl-C during its interpreter's start-up
+    (``Fatal Python error: init_import_site``) or its imports is never delivered."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     with contextlib.suppress(OSError):
         os.nice(10)
     with contextlib.suppress(Exception):
@@ -60,19 +67,37 @@ class DiscoveryWorker:
         self._pool: ProcessPoolExecutor | None = None
 
     def snapshot(self) -> Any:
-        if self._pool is None:
-            import multiprocessing
-            from concurrent.futures import ProcessPoolExecutor
+        # The helper is spawned (on first use, or after it died) inside submit(); it
+        # inherits the signal mask, so SIGINT stays blocked from its exec until
+        # background() ignores it. A Ctrl-C meanwhile waits for this thread's unblock.
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            if self._pool is None:
+                import multiprocessing
+                from concurrent.futures import ProcessPoolExecutor
 
-            self._pool = ProcessPoolExecutor(
-                1,
-                mp_context=multiprocessing.get_context("spawn"),
-                initializer=background,
-                initargs=(os.getpid(),),
-            )
-        return self._pool.submit(discover_snapshot, self.args, None, self.node).result()
+                self._pool = ProcessPoolExecutor(
+                    1,
+                    mp_context=multiprocessing.get_context("spawn"),
+                    initializer=background,
+                    initargs=(os.getpid(),),
+                )
+                # Starting multiprocessing's resource tracker (for the pool's locks)
+                # unblocks SIGINT in this thread when done: block it again.
+                signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+            future = self._pool.submit(discover_snapshot, self.args, None, self.node)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        return future.result()
 
-    def close(self) -> None:
+    def close(self, kill: bool = False) -> None:
+        """Stop the helper: after its discovery, or at once with ``kill`` (a signal asked
+        the command to stop; a discovery can take seconds)."""
         if self._pool is not None:
+            if kill:
+                procs = getattr(self._pool, "_processes", None) or {}
+                for proc in list(procs.values()):
+                    with contextlib.suppress(Exception):
+                        proc.kill()
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import sys
 from typing import Any, TextIO
 
@@ -26,6 +28,57 @@ def dump(data: Any, fmt: str, out: TextIO | None = None) -> None:
         yaml.safe_dump_all(docs, out, sort_keys=False, default_flow_style=False)
     else:
         raise ValueError(f"unknown output format {fmt!r}")
+
+
+#: The one flag name of every command that writes its result to a file (``-o`` is the
+#: format everywhere): ``gather``, ``machines capture``, ``nccl-topo``.
+OUTPUT_FILE = "--output-file"
+
+
+def add_output_file_arg(
+    p: argparse.ArgumentParser, what: str, *, required: bool = False, stdout: str = "-"
+) -> None:
+    """``--output-file FILE``: where the command writes ``what`` (atomically)."""
+    p.add_argument(
+        OUTPUT_FILE,
+        required=required,
+        metavar="FILE",
+        help=f"write {what} to FILE, atomically (its directory must exist); "
+        + ("- = standard output" if required else "default: standard output"),
+    )
+
+
+def check_output_file(flag: str, path: str) -> None:
+    """Refuse a file to write, before any work, in one line naming the flag and the path:
+    a directory (not the temporary file's name an open() of it would give), a missing
+    directory (never created for a typo)."""
+    if os.path.isdir(path):
+        raise ValueError(f"{flag} {path}: is a directory; give the file's name")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        why = "not a directory" if os.path.exists(parent) else "no such directory"
+        raise ValueError(f"{flag} {path}: {parent}: {why}")
+    if not os.access(parent, os.W_OK):
+        raise ValueError(f"{flag} {path}: {parent}: not writable")
+
+
+def write_output_file(flag: str, path: str, data: bytes) -> None:
+    """``data`` to ``path`` atomically (temp + fsync + rename), errors naming ``flag``."""
+    from pathlib import Path
+
+    from driver.atomic import write_atomic
+
+    check_output_file(flag, path)
+    try:
+        write_atomic(Path(path), data)
+    except OSError as exc:
+        raise ValueError(f"{flag} {path}: {exc.strerror or exc}") from exc
+
+
+def object_list(items: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several Kubernetes objects as one ``v1 List``, the form ``kubectl get -o json``
+    prints them in and ``kubectl create/apply -f`` reads."""
+    return {"apiVersion": "v1", "kind": "List", "metadata": {}, "items": items}
 
 
 def _locality(inv: Inventory, bus_id: str) -> tuple[str, str]:

@@ -174,7 +174,9 @@ _DOT_EDGE = {
 
 
 def _q(text: str) -> str:
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    """A DOT quoted string; a line break in ``text`` becomes DOT's ``\\n`` (one escape:
+    Graphviz draws two lines, not a backslash and an n)."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
 
 
 def graph_to_dot(graph: dict[str, Any]) -> str:
@@ -187,7 +189,7 @@ def graph_to_dot(graph: dict[str, Any]) -> str:
         text = v.get("label") or v["id"]
         extra = attrs.get("model") or attrs.get("dra_device")
         if extra and extra != text:
-            text = f"{text}\\n{extra}"
+            text = f"{text}\n{extra}"
         shape = _DOT_SHAPES.get(v["kind"], "box")
         lines.append(f"  {_q(v['id'])} [label={_q(text)}, shape={shape}];")
     for e in graph.get("edges", []):

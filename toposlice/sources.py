@@ -36,7 +36,7 @@ def add_source_args(p: argparse.ArgumentParser) -> None:
     src.add_argument(
         "--inventory",
         metavar="FILE",
-        help="read a saved `toposlice discover -o json` inventory instead of a host",
+        help="read a saved `toposlice discover -o json` (or -o yaml) inventory instead of a host",
     )
     src.add_argument(
         "--gathered",
@@ -50,10 +50,21 @@ def add_source_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def add_normalize_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--driver", default="toposlice.dev", help="DRA driver name (default %(default)s)"
-    )
+def add_normalize_args(p: argparse.ArgumentParser, *, driver_env: bool = False) -> None:
+    """The normalization flags; ``driver_env``: ``--driver`` defaults to ``$DRIVER_NAME``
+    (``run``, whose chart sets it)."""
+    if driver_env:
+        from driver.config import driver_default
+
+        p.add_argument(
+            "--driver",
+            default=driver_default(),
+            help="DRA driver name ($DRIVER_NAME; default toposlice.dev)",
+        )
+    else:
+        p.add_argument(
+            "--driver", default="toposlice.dev", help="DRA driver name (default %(default)s)"
+        )
     p.add_argument(
         "--numa-list",
         action="store_true",
@@ -107,6 +118,19 @@ def check_node_name(args: argparse.Namespace) -> None:
         raise ValueError(errs[0])
 
 
+def check_object_name(flag: str, name: str, what: str = "object") -> None:
+    """Refuse a name the API server (and ``kubectl create``) would refuse for an object:
+    a DNS-1123 subdomain, as for node names. ValueError naming the flag."""
+    from normalize.validation import is_dns_subdomain
+
+    if not is_dns_subdomain(name):
+        raise ValueError(
+            f"{flag} {name!r} is not a valid Kubernetes {what} name (lower-case letters, "
+            "digits, '-' and '.', starting and ending with a letter or digit, at most 253 "
+            "characters)"
+        )
+
+
 def node_name_of(args: argparse.Namespace, inv: Inventory) -> str:
     """The node (and pool) name every command uses: ``--node-name``, else the inventory's
     host name lower-cased as the kubelet does, else this host's name. ValueError, naming
@@ -134,8 +158,9 @@ def known_probes() -> list[str]:
 
 
 def probe_list(text: str | None) -> list[str] | None:
-    """``--probes a,b`` as a list (None: all); ValueError for a name no probe has."""
-    if not text:
+    """``--probes a,b`` as a list (None, the flag left out: all); ValueError for a name no
+    probe has, and for an empty list (``--probes ""`` is a mistake, not "all")."""
+    if text is None:
         return None
     probes = [p.strip() for p in text.split(",") if p.strip()]
     known = known_probes()
@@ -161,8 +186,7 @@ def check_source(args: argparse.Namespace) -> None:
     if inventory:
         read_inventory_file(inventory)
     elif gathered:
-        if not os.path.isfile(gathered):
-            raise ValueError(f"--gathered {gathered}: no such file")
+        check_gathered(gathered)
     elif fake:
         check_fake(fake)
     else:
@@ -171,6 +195,24 @@ def check_source(args: argparse.Namespace) -> None:
             flag = "--root" if getattr(args, "root", None) else "$HOST_ROOT"
             why = "not a directory" if os.path.exists(root) else "no such directory"
             raise ValueError(f"{flag} {root}: {why}")
+
+
+def check_gathered(path: str) -> None:
+    """``--gathered`` names a readable, whole gzip'd tar archive: a directory, a file of
+    another kind (an inventory) and a truncated download each get one line naming it."""
+    from discovery.replay import check_archive
+
+    if os.path.isdir(path):
+        raise ValueError(
+            f"--gathered {path}: is a directory (give the archive `toposlice gather` wrote; "
+            "an extracted one is read with --root)"
+        )
+    if not os.path.exists(path):
+        raise ValueError(f"--gathered {path}: no such file")
+    try:
+        check_archive(path)
+    except ValueError as exc:
+        raise ValueError(f"--gathered {exc}") from exc
 
 
 def check_fake(fake: str) -> None:
@@ -195,16 +237,32 @@ def check_fake(fake: str) -> None:
 
 
 def read_inventory_file(path: str) -> Inventory:
-    """A saved ``toposlice discover -o json``; ValueError naming the file when it is not one."""
+    """A saved ``toposlice discover -o json`` or ``-o yaml``; ValueError naming the file
+    when it is not one. JSON is tried first (the C parser: an inventory is large)."""
     import json
 
     try:
         with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
+            text = fh.read()
     except OSError as exc:
         raise ValueError(f"--inventory {path}: {exc.strerror or exc}") from exc
-    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
-        raise ValueError(f"--inventory {path}: not JSON: {exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"--inventory {path}: not UTF-8 text (byte {exc.start})") from exc
+    try:
+        data = json.loads(text)
+    except ValueError as exc:  # not JSON: YAML (a superset), or neither
+        import yaml
+
+        from driver.config import yaml_error_line
+
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as yexc:
+            raise ValueError(
+                f"--inventory {path}: not JSON ({exc}) or YAML ({yaml_error_line(yexc)})"
+            ) from yexc
+        if not isinstance(data, dict):
+            raise ValueError(f"--inventory {path}: not JSON: {exc}") from exc
     if not isinstance(data, dict) or "schema" not in data:
         raise ValueError(
             f'--inventory {path}: not a toposlice inventory (no "schema" key; '

@@ -58,8 +58,8 @@ def ladder_node(cluster: Cluster) -> Iterator[list[dict[str, Any]]]:
 
 
 def _publish(cluster: Cluster, node: str, machine: str) -> None:
-    """What `toposlice slices --fake MACHINE --node-name NODE -o json` prints, created by
-    the admin."""
+    """What `toposlice slices --fake MACHINE --node-name NODE -o json` prints (a v1 List),
+    created by the admin with kubectl as it is."""
     proc = subprocess.run(
         [*TOPOSLICE, "slices", "--fake", machine, "--node-name", node, "-o", "json"],
         capture_output=True,
@@ -67,9 +67,8 @@ def _publish(cluster: Cluster, node: str, machine: str) -> None:
         check=True,
         cwd=REPO,
     )
-    slices = json.loads(proc.stdout)
-    doc = json.dumps({"apiVersion": "v1", "kind": "List", "items": slices})
-    cluster.kubectl("create", "-f", "-", input=doc)
+    slices = json.loads(proc.stdout)["items"]
+    cluster.kubectl("create", "-f", "-", input=proc.stdout)
     poll(lambda: len(published_slices(cluster, node)) == len(slices), 30, 0.2, "slices")
 
 
