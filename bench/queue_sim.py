@@ -101,7 +101,10 @@ class View:
         ]
         ahead = [Queued(j.req, self.expected(j)) for j in self.queue[: self.index]]
         behind = [Queued(j.req, self.expected(j)) for j in self.queue[self.index + 1 :][:4]]
-        return Context(self.nodes, self.occ, self.now, run, ahead, behind)
+        future = [
+            (Queued(r, self.estimator.expected(r)), rate) for r, rate in self.estimator.rates()
+        ]
+        return Context(self.nodes, self.occ, self.now, run, ahead, behind, future)
 
 
 Policy = Callable[[SimJob, View], Decision]
@@ -285,6 +288,7 @@ def simulate(
         while nxt < len(pending) and pending[nxt].arrival <= now:
             queue.append(pending[nxt])
             new.add(pending[nxt].id)
+            estimator.arrived(pending[nxt].req, pending[nxt].arrival)
             nxt += 1
         scan(now, None if changed else new)
     return res

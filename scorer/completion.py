@@ -94,6 +94,8 @@ class Context:
     running: Sequence[Running] = ()
     ahead: Sequence[Queued] = ()
     behind: Sequence[Queued] = ()
+    future: Sequence[tuple[Queued, float]] = ()
+    """Jobs still to come: a representative of each shape, with its arrival rate (/s)."""
     _by_name: dict[str, NodeTopology] = field(default_factory=dict)
 
     def node(self, name: str) -> NodeTopology:
@@ -269,6 +271,98 @@ def queue_cost(ctx: Context, cp: ClusterPlacement, memory: bool) -> float:
     return total
 
 
+_HARDWARE: dict[tuple[str, tuple[object, ...]], float | None] = {}
+
+
+def hardware_stretch(ctx: Context, t: NodeTopology, req: Request) -> float | None:
+    """The stretch of ``req``'s best placement on ``t`` when ``t`` is empty (None: never
+    fits there)."""
+    key = (t.signature, req.key())
+    if key not in _HARDWARE:
+        found = node_placements(t, Occupancy(), req, 1)
+        _HARDWARE[key] = (
+            placement_stretch(ctx, req, ClusterPlacement((found[0],), 0.0), Occupancy())
+            if found
+            else None
+        )
+    return _HARDWARE[key]
+
+
+def _fit_time(
+    ctx: Context, t: NodeTopology, req: Request, held: tuple[frozenset[str], float] | None
+) -> float:
+    """When ``req`` is expected to fit on ``t`` by count (GPUs, NICs), from what runs there
+    (and ``held``: devices kept until a time)."""
+    gpu_devs = {g.dra_device for g in t.gpus}
+    used = set(ctx.occ.used(t.pool))
+    ends = [(r.expected_end, r.devices) for r in ctx.running if r.node == t.name]
+    if held is not None:
+        used |= held[0]
+        ends.append((held[1], held[0]))
+    need_nics = req.gpus * req.nics_per_gpu
+
+    def fits(u: set[str]) -> bool:
+        g = len(gpu_devs - u)
+        return g >= req.gpus and len(t.nics) - len(u - gpu_devs) >= need_nics
+
+    if fits(used):
+        return ctx.now
+    for end, devs in sorted(ends, key=lambda x: x[0]):
+        used -= devs
+        if fits(used):
+            return max(end, ctx.now)
+    return ctx.now
+
+
+def future_cost(
+    ctx: Context, req: Request, cp: ClusterPlacement, own_run: float, memory: bool
+) -> float:
+    """Seconds the jobs still to come lose while ``cp`` holds its devices for ``own_run``
+    — the fragmentation term, in seconds. For each larger shape whose best class of
+    hardware this node is: how much later the node can take such a job with ``cp`` on it
+    than without (``extension``); the arrivals expected meanwhile (rate × extension), the
+    share of them that find every other such node busy too (utilisation ^ those free now),
+    each waiting about half of the extension or running slower on the next class, whichever
+    costs less."""
+    if not ctx.future or len(cp.pods) != 1:
+        return 0.0
+    t = ctx.node(cp.pods[0].node)
+    held = (frozenset(cp.pods[0].devices), ctx.now + own_run)
+    total_gpus = sum(len(n.gpus) for n in ctx.nodes) or 1
+    used = sum(len(ctx.occ.used(n.pool) & {g.dra_device for g in n.gpus}) for n in ctx.nodes)
+    util = used / total_gpus
+    total = 0.0
+    for q, rate in ctx.future:
+        if q.req.gpus <= req.gpus:
+            continue
+        hw = {n.name: hardware_stretch(ctx, n, q.req) for n in ctx.nodes}
+        known = [v for v in hw.values() if v is not None]
+        mine = hw.get(t.name)
+        if mine is None or not known:
+            continue
+        best = min(known)
+        if mine > best * (1.0 + TIE):
+            continue
+        extension = _fit_time(ctx, t, q.req, held) - _fit_time(ctx, t, q.req, None)
+        if extension <= 0:
+            continue
+        fit_at = [
+            _fit_time(ctx, n, q.req, None)
+            for n in ctx.nodes
+            if n.name != t.name and (v := hw[n.name]) is not None and v <= best * (1.0 + TIE)
+        ]
+        others = [x for x in fit_at if x <= ctx.now]
+        rest = [v for v in known if v > best * (1.0 + TIE)]
+        delay = extension / 2.0
+        if fit_at and not others:
+            # blocked arrivals wait at most until another node of the class frees
+            delay = min(delay, min(fit_at) - ctx.now)
+        if rest:
+            delay = min(delay, q.expected_run * (min(rest) - best))
+        total += rate * extension * delay * util ** len(others)
+    return total
+
+
 def _wait_options(
     ctx: Context, req: Request, expected_run: float, beat: float
 ) -> list[tuple[float, float, str]]:
@@ -320,7 +414,8 @@ def decide(ctx: Context, req: Request, expected_run: float, wait_deadline: float
     scored.sort(key=lambda x: x[0])
     ranked = []
     for run, c in scored[:CANDIDATES]:
-        ranked.append((run + queue_cost(ctx, c, memory), run, c))
+        extra = queue_cost(ctx, c, memory) + future_cost(ctx, req, c, run, memory)
+        ranked.append((run + extra, run, c))
     ranked += [(run, run, c) for run, c in scored[CANDIDATES:]]
     best_now = min((x[0] for x in ranked), default=None)
     can_wait = ctx.now < wait_deadline

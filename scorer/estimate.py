@@ -56,6 +56,9 @@ class RunEstimator:
     _n: dict[tuple[int, str], int] = field(default_factory=dict)
     _all_sum: float = 0.0
     _all_n: int = 0
+    _arrivals: dict[tuple[int, int], tuple[Request, int]] = field(default_factory=dict)
+    _first: float | None = None
+    _last: float = 0.0
 
     def expected(self, req: Request, hint: float | None = None) -> float:
         hint = hint if hint is not None else req.expected_run_s
@@ -73,3 +76,21 @@ class RunEstimator:
         self._n[k] = self._n.get(k, 0) + 1
         self._all_sum += base_seconds
         self._all_n += 1
+
+    def arrived(self, req: Request, t: float) -> None:
+        """A job of this shape arrived at ``t`` (seconds): the arrival rates the
+        expected-completion decision charges future jobs' delays with."""
+        key = (req.gpus, req.nics_per_gpu)
+        _, n = self._arrivals.get(key, (req, 0))
+        self._arrivals[key] = (req, n + 1)
+        self._first = t if self._first is None else self._first
+        self._last = t
+
+    def rates(self, min_jobs: int = 10) -> list[tuple[Request, float]]:
+        """(a recent request of the shape, arrivals per second) per (GPUs, NICs per GPU),
+        once ``min_jobs`` have arrived."""
+        total = sum(n for _, n in self._arrivals.values())
+        span = self._last - (self._first or 0.0)
+        if total < min_jobs or span <= 0:
+            return []
+        return [(r, n / span) for r, n in self._arrivals.values()]
