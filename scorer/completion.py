@@ -476,3 +476,29 @@ def wait_filter(
                 f"{WAIT_BOUND:g} x expected run {expected_run:.0f} s)"
             )
     return refused
+
+
+def filter_waits(
+    topos: Sequence[NodeTopology],
+    fits: set[str],
+    occ: Occupancy,
+    req: Request,
+    expected_run: float,
+    waited: float,
+) -> dict[str, str]:
+    """``wait_filter`` over node topologies: ``fits`` names the nodes where ``req`` fits
+    now; every node of ``topos`` offers its hardware's best (the yardstick is the best of
+    these nodes, not of the whole cluster)."""
+    ctx = Context(topos, occ, 0.0)
+    stretches: dict[str, float] = {}
+    possible: dict[str, float] = {}
+    for t in topos:
+        hw = hardware_stretch(ctx, t, req)
+        if hw is not None:
+            possible[t.name] = hw
+        if t.name in fits:
+            found = node_placements(t, occ, req, 1)
+            if found:
+                cp = ClusterPlacement((found[0],), found[0].score)
+                stretches[t.name] = placement_stretch(ctx, req, cp, occ)
+    return wait_filter(stretches, possible, expected_run, waited)

@@ -32,6 +32,8 @@ import yaml
 
 from normalize.deviceclasses import device_class_name
 
+from .completion import filter_waits
+from .estimate import kueue_hint
 from .request import PROFILE_ANNOTATION, Occupancy, Request, request_from_dict
 from .search import node_placements
 from .topology import GraphFetcher, NodeTopology, from_graph
@@ -77,6 +79,14 @@ class NodeGraphs:
             view = cached[1]
             view.labels = labels
         return view
+
+    def known(self) -> list[NodeTopology]:
+        """Every node with a graph at hand: the fixed graphs and the nodes seen so far
+        (labels as last seen; a fixed graph's node never seen has none)."""
+        for name, graph in self.static.items():
+            if name not in self._views:
+                self._views[name] = (id(graph), from_graph(graph, {}))
+        return [view for _, view in self._views.values()]
 
 
 def _address(node: dict[str, Any]) -> str | None:
@@ -200,7 +210,40 @@ class Extender:
                 failed[str(node["metadata"]["name"])] = why
             else:
                 kept.append(node)
+        # Expected completion (issue #24): hold the pod off slow nodes while a faster one
+        # may free within its bound; the reason goes to FailedNodes.
+        waits = self._waits(wire_field(args, "Pod") or {}, req, nodes, kept, occ)
+        if waits:
+            failed.update(waits)
+            kept = [n for n in kept if str(n["metadata"]["name"]) not in waits]
         return _filter_result(kept, failed, by_name)
+
+    def _waits(
+        self,
+        pod: dict[str, Any],
+        req: Request,
+        nodes: list[dict[str, Any]],
+        kept: list[dict[str, Any]],
+        occ: Occupancy,
+    ) -> dict[str, str]:
+        """Nodes to refuse for now (``completion.filter_waits``): only for a pod that
+        states its run time (``expectedRunSeconds`` or Kueue's max-exec-time label)."""
+        expected = req.expected_run_s or kueue_hint(pod)
+        created = _timestamp((pod.get("metadata") or {}).get("creationTimestamp"))
+        if expected is None or created is None:
+            return {}
+        for n in nodes:
+            self.graphs.topology(n)  # fresh labels for the nodes the scheduler sent
+        # The yardstick is every node the pod may run on, not only those that passed the
+        # scheduler's own filters (a taken NVSwitch node never reaches the extender).
+        selector = (pod.get("spec") or {}).get("nodeSelector") or {}
+        topos = [
+            t
+            for t in self.graphs.known()
+            if not t.labels or all(t.labels.get(k) == str(v) for k, v in selector.items())
+        ]
+        fits = {str(n["metadata"]["name"]) for n in kept}
+        return filter_waits(topos, fits, occ, req, expected, time.time() - created)
 
     def prioritize(self, args: dict[str, Any]) -> list[dict[str, Any]]:
         nodes, _ = self._nodes(args)
@@ -219,6 +262,16 @@ class Extender:
             value = 0 if score < 0 else round(max(0.0, min(100.0, score)) / 10.0)
             out.append({"Host": name, "Score": int(min(MAX_EXTENDER_PRIORITY, value))})
         return out
+
+
+def _timestamp(value: Any) -> float | None:
+    """Seconds since the epoch of an RFC 3339 API timestamp, or None."""
+    from datetime import datetime
+
+    try:
+        return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
 
 
 def wire_field(args: dict[str, Any], name: str) -> Any:
