@@ -110,13 +110,13 @@ def fake_graph(name: str) -> dict[str, Any]:
     return build_graph(discover("/", fake=name))
 
 
-def build_cluster() -> list[NodeTopology]:
+def build_cluster(racks: int = 2) -> list[NodeTopology]:
     nodes: list[NodeTopology] = []
     for name, count in (("dgx-h100", 16), ("pcie-8gpu", 16)):
         g = fake_graph(name)
         nodes += [from_graph(rename_graph(g, f"{name}-{i:02d}")) for i in range(count)]
     tray = fake_graph("gb200-nvl72-tray")
-    for rack in range(2):
+    for rack in range(racks):
         for i in range(18):
             g = copy.deepcopy(rename_graph(tray, f"nvl72-{rack}-tray-{i:02d}"))
             for v in g["vertices"]:
@@ -948,6 +948,142 @@ def main_mixed_queue(args: argparse.Namespace) -> int:
     return 0
 
 
+#: Offered load of the large cluster's queue model, × its GPUs at base run times.
+LARGE_QUEUE_LOAD = 0.6
+
+
+def large_queue_policy(name: str, nodes: list[NodeTopology], seed: int) -> Any:
+    """scorer (the expected-completion decision), first-fit (nodes in a fixed shuffled
+    order, devices first-fit) or random, for bench/queue_sim.py."""
+    from bench.queue_sim import Decision, SimJob, View
+    from scorer.completion import deadline, decide
+
+    rng = random.Random(seed)
+    fixed = list(nodes)
+    random.Random(seed + 1).shuffle(fixed)
+
+    def scorer(job: SimJob, view: View) -> Decision:
+        expected = view.expected(job)
+        choice = decide(view.context(), job.req, expected, deadline(job.arrival, expected))
+        if choice.placement is None and choice.wait_node is not None:
+            return Decision(None, choice.wait_node, deadline(job.arrival, expected))
+        return Decision(choice.placement)
+
+    def others(job: SimJob, view: View) -> Decision:
+        if name == "first-fit":
+            return Decision(
+                baseline(nodes, view.occ, job.req, lambda xs, c: xs[:c], lambda ns: fixed)
+            )
+        return Decision(
+            baseline(
+                nodes,
+                view.occ,
+                job.req,
+                lambda xs, c: rng.sample(xs, c),
+                lambda ns: rng.sample(ns, len(ns)),
+            )
+        )
+
+    return scorer if name == "scorer" else others
+
+
+def main_large_queue(args: argparse.Namespace) -> int:
+    from bench.queue_sim import SimJob, metrics, simulate
+
+    t0 = time.perf_counter()
+    nodes = build_cluster()
+    total = sum(len(t.gpus) for t in nodes)
+    raw = job_stream(args.jobs, total, args.load, args.seed)
+    rng = random.Random(args.seed * 7907 + 3)
+    jobs = [
+        SimJob(j.id, j.arrival, j.duration, j.req, j.duration * rng.uniform(1.0, HINT_OVER))
+        for j in raw
+    ]
+    hints = args.hints != "off"
+    print(
+        f"large cluster, queue model: {len(nodes)} nodes, {total} GPUs; {len(jobs)} jobs at "
+        f"{args.load} x GPUs, hints {'on' if hints else 'off'}",
+        file=sys.stderr,
+    )
+    out: dict[str, Any] = {}
+    for policy in ("scorer", "first-fit", "random"):
+        t1 = time.perf_counter()
+        res = simulate(nodes, jobs, large_queue_policy(policy, nodes, args.seed), hints)
+        out[policy] = metrics(res, nodes)
+        print(f"{policy:10s} {out[policy]}  ({time.perf_counter() - t1:.1f}s)", file=sys.stderr)
+    s, f = out["scorer"], out["first-fit"]
+    print(
+        f"scorer mean JCT {s['mean_jct_s'] / (f['mean_jct_s'] or math.inf):.3f}x first-fit, "
+        f"p95 {s['p95_jct_s']:.0f} vs {f['p95_jct_s']:.0f} s, utilisation "
+        f"{s['useful_utilisation']:.3f} vs {f['useful_utilisation']:.3f} "
+        f"({time.perf_counter() - t0:.0f} s)",
+        file=sys.stderr,
+    )
+    print(json.dumps({"cluster": "large", "model": "queue", "policies": out}))
+    return 0
+
+
+def decision_bench(args: argparse.Namespace) -> int:
+    """The expected-completion decision's time with a 100-job queue on 32 nodes (16 DGX,
+    16 PCIe) + one NVL72 rack: the cluster filled by the scorer to ~60 % of its GPUs, then
+    each of 100 queued jobs decided with the jobs ahead of it, behind it, the running jobs
+    and learned arrival rates in its context."""
+    from scorer.completion import Context, Queued, Running, deadline, decide
+    from scorer.estimate import RunEstimator
+
+    nodes = build_cluster(racks=1)
+    total = sum(len(t.gpus) for t in nodes)
+    jobs = job_stream(2000, total, 1.0, args.seed)
+    occ = Occupancy()
+    est = RunEstimator(use_hints=False)
+    running: list[Running] = []
+    used = 0
+    i = 0
+    while used < 0.6 * total and i < len(jobs):
+        j = jobs[i]
+        i += 1
+        est.arrived(j.req, j.arrival)
+        found = place(nodes, occ, j.req, top=1)
+        if not found:
+            continue
+        for p in found[0].pods:
+            pool = next(t.pool for t in nodes if t.name == p.node)
+            occ.allocated.setdefault(pool, set()).update(p.devices)
+            running.append(Running(p.node, frozenset(p.devices), j.duration))
+        used += j.req.gpus
+    for j in jobs[:i]:
+        est.observe(j.req, j.duration)
+    queue = jobs[i : i + 100]
+    future = [(Queued(r, est.expected(r)), rate) for r, rate in est.rates()]
+    times: list[float] = []
+    cpu: list[tuple[float, int, str]] = []
+    for _ in range(args.rounds):
+        for k, j in enumerate(queue):
+            ahead = [Queued(q.req, est.expected(q.req)) for q in queue[:k]]
+            behind = [Queued(q.req, est.expected(q.req)) for q in queue[k + 1 : k + 5]]
+            ctx = Context(nodes, occ, 0.0, running, ahead, behind, future)
+            e = est.expected(j.req)
+            t0, c0 = time.perf_counter(), time.thread_time()
+            decide(ctx, j.req, e, deadline(0.0, e))
+            times.append((time.perf_counter() - t0) * 1000.0)
+            cpu.append(((time.thread_time() - c0) * 1000.0, j.req.gpus, j.req.pattern))
+    cpu.sort()
+    print(f"slowest (CPU ms, GPUs, pattern): {cpu[-3:]}", file=sys.stderr)
+    cpu_p99 = cpu[min(len(cpu) - 1, math.ceil(0.99 * len(cpu)) - 1)][0]
+    times.sort()
+    p99 = times[min(len(times) - 1, math.ceil(0.99 * len(times)) - 1)]
+    p50 = times[len(times) // 2]
+    print(
+        f"decision: {len(nodes)} nodes ({total} GPUs), {used} GPUs in use, 100-job queue, "
+        f"{len(times)} decisions: p50 {p50:.2f} ms, p99 {p99:.2f} ms (<= 50: {p99 <= 50}); "
+        f"CPU time p99 {cpu_p99:.2f} ms",
+        file=sys.stderr,
+    )
+    out = {"decision_p50_ms": round(p50, 3), "decision_p99_ms": round(p99, 3)}
+    print(json.dumps({**out, "decision_cpu_p99_ms": round(cpu_p99, 3)}))
+    return 0
+
+
 def _seeds(text: str) -> list[int]:
     if "-" in text:
         a, b = text.split("-", 1)
@@ -985,6 +1121,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="mixed cluster: also the busbw-first reference probes (not targets)",
     )
+    ap.add_argument(
+        "--decision-bench",
+        action="store_true",
+        help="time the expected-completion decision (100-job queue, 32 nodes + an NVL72 rack)",
+    )
+    ap.add_argument("--rounds", type=int, default=3, help="--decision-bench: passes over the queue")
     args = ap.parse_args(argv)
     if args.cluster == "mixed":
         args.jobs = args.jobs or 200
@@ -995,6 +1137,12 @@ def main(argv: list[str] | None = None) -> int:
         args.seeds = args.seeds or "1-5"
         args.load = args.load or 0.7
         return main_mixed(args)
+    if args.decision_bench:
+        return decision_bench(args)
+    if args.model == "queue":
+        args.jobs = args.jobs or 1000
+        args.load = args.load or LARGE_QUEUE_LOAD
+        return main_large_queue(args)
     args.jobs = args.jobs or 3000
     args.load = args.load or 1.0
     t0 = time.perf_counter()

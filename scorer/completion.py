@@ -97,6 +97,15 @@ class Context:
     future: Sequence[tuple[Queued, float]] = ()
     """Jobs still to come: a representative of each shape, with its arrival rate (/s)."""
     _by_name: dict[str, NodeTopology] = field(default_factory=dict)
+    _memo: dict[tuple[object, ...], dict[str, float]] = field(default_factory=dict)
+    _on: dict[str, list[Running]] | None = None
+
+    def running_on(self, name: str) -> list[Running]:
+        if self._on is None:
+            self._on = {}
+            for r in self.running:
+                self._on.setdefault(r.node, []).append(r)
+        return self._on.get(name, [])
 
     def node(self, name: str) -> NodeTopology:
         if not self._by_name:
@@ -174,7 +183,10 @@ _REFERENCE: dict[tuple[tuple[str, ...], tuple[object, ...]], tuple[float, float 
 def reference(ctx: Context, req: Request) -> tuple[float, float | None]:
     """(busbw, NIC path) of the best placement of ``req`` the cluster offers when empty:
     the yardstick a placement's stretch is measured against."""
-    key = (tuple(sorted(t.signature for t in ctx.nodes)), req.key())
+    sig = ctx._memo.get(("signatures",))
+    if sig is None:
+        sig = ctx._memo[("signatures",)] = {s: 0.0 for s in sorted(t.signature for t in ctx.nodes)}
+    key = (tuple(sig), req.key())
     hit = _REFERENCE.get(key)
     if hit is None:
         empty = Context(ctx.nodes, Occupancy(), 0.0)
@@ -195,15 +207,27 @@ def placement_stretch(ctx: Context, req: Request, cp: ClusterPlacement, occ: Occ
     share = 0.0
     if req.bound == "memory" or req.pattern == "inference-decode":
         share = max(memory_sharing(ctx.node(p.node), occ, p) for p in cp.pods)
+    # The bandwidths depend on the pods' devices and their nodes' layouts only.
+    key = tuple((ctx.node(p.node).signature, p.gpus, p.nics) for p in cp.pods)
+    bws = _BANDWIDTHS.get(key)
+    if bws is None:
+        if len(_BANDWIDTHS) > 100_000:
+            _BANDWIDTHS.clear()
+        bws = _BANDWIDTHS[key] = (placement_busbw(ctx, cp), placement_nic_gbps(ctx, cp))
     return stretch(
         req.pattern,
         req.gpus,
-        placement_busbw(ctx, cp),
+        bws[0],
         best_bw,
-        placement_nic_gbps(ctx, cp) if req.nics_per_gpu else None,
+        bws[1] if req.nics_per_gpu else None,
         best_nic if req.nics_per_gpu else None,
         share,
     )
+
+
+_BANDWIDTHS: dict[
+    tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...], tuple[float, float | None]
+] = {}
 
 
 # ------------------------------------------------------------------ options
@@ -220,13 +244,37 @@ def _per_node(found: Sequence[ClusterPlacement]) -> list[ClusterPlacement]:
     return out
 
 
-def options_now(ctx: Context, req: Request, occ: Occupancy | None = None) -> list[ClusterPlacement]:
+def options_now(
+    ctx: Context, req: Request, occ: Occupancy | None = None, only: set[str] | None = None
+) -> list[ClusterPlacement]:
+    """The best placement per node (``only``: on those nodes). A job that fits in a node
+    is searched node by node (the cluster-wide whole-node and domain charges of
+    ``search.place`` only re-rank nodes, which the expected completion does here); a
+    larger one through ``place``."""
     occ = occ if occ is not None else ctx.occ
-    return _per_node(place(ctx.nodes, occ, req, top=4 * len(ctx.nodes)))
+    if req.gpus > max((len(t.gpus) for t in ctx.nodes), default=0):
+        return _per_node(place(ctx.nodes, occ, req, top=4 * len(ctx.nodes)))
+    out = []
+    for t in ctx.nodes:
+        if only is not None and t.name not in only:
+            continue
+        found = node_placements(t, occ, req, 1)
+        if found:
+            out.append(ClusterPlacement((found[0],), found[0].score))
+    return out
 
 
-def best_cost_now(ctx: Context, job: Queued, occ: Occupancy) -> float | None:
-    """The least expected run of ``job`` over what is free in ``occ``, or None."""
+def best_cost_now(
+    ctx: Context, job: Queued, occ: Occupancy, memo: dict[str, float] | None = None
+) -> float | None:
+    """The least expected run of ``job`` over what is free in ``occ``, or None. With
+    ``memo`` (node → stretch on ``ctx.occ``), only the nodes ``occ`` changed are searched."""
+    if memo is not None and job.req.gpus <= max(len(t.gpus) for t in ctx.nodes):
+        changed = {t.name for t in ctx.nodes if occ.used(t.pool) != ctx.occ.used(t.pool)}
+        per = {n: v for n, v in memo.items() if n not in changed}
+        for c in options_now(ctx, job.req, occ, changed):
+            per[c.pods[0].node] = placement_stretch(ctx, job.req, c, occ)
+        return job.expected_run * min(per.values()) if per else None
     found = options_now(ctx, job.req, occ)
     if not found:
         return None
@@ -262,13 +310,31 @@ def queue_cost(ctx: Context, cp: ClusterPlacement, memory: bool) -> float:
     after = _with(ctx.occ, cp, ctx, memory)
     soonest = min((r.expected_end - ctx.now for r in ctx.running), default=0.0)
     total = 0.0
+    largest = max((len(t.gpus) for t in ctx.nodes), default=0)
     for job in ctx.behind[:LOOKAHEAD]:
-        before = best_cost_now(ctx, job, ctx.occ)
+        if job.req.gpus > largest:
+            continue  # a multi-node job's search spans the cluster: not counted here
+        memo = _node_stretches(ctx, job.req, ctx.occ)
+        before = job.expected_run * min(memo.values()) if memo else None
         if before is None:
             continue
-        later = best_cost_now(ctx, job, after)
+        later = best_cost_now(ctx, job, after, memo)
         total += max(0.0, soonest) if later is None else max(0.0, later - before)
     return total
+
+
+def _node_stretches(ctx: Context, req: Request, occ: Occupancy) -> dict[str, float]:
+    """Node → the stretch of ``req``'s best placement there (nodes where it fits now);
+    memoized on the context for ``ctx.occ`` (one decision)."""
+    if occ is not ctx.occ:
+        return {
+            c.pods[0].node: placement_stretch(ctx, req, c, occ) for c in options_now(ctx, req, occ)
+        }
+    key = req.key()
+    hit = ctx._memo.get(key)
+    if hit is None:
+        hit = ctx._memo[key] = _node_stretches(ctx, req, Occupancy(occ.allocated, occ.memory_bound))
+    return hit
 
 
 _HARDWARE: dict[tuple[str, tuple[object, ...]], float | None] = {}
@@ -295,7 +361,7 @@ def _fit_time(
     (and ``held``: devices kept until a time)."""
     gpu_devs = {g.dra_device for g in t.gpus}
     used = set(ctx.occ.used(t.pool))
-    ends = [(r.expected_end, r.devices) for r in ctx.running if r.node == t.name]
+    ends = [(r.expected_end, r.devices) for r in ctx.running_on(t.name)]
     if held is not None:
         used |= held[0]
         ends.append((held[1], held[0]))
@@ -314,6 +380,16 @@ def _fit_time(
     return ctx.now
 
 
+def _utilisation(ctx: Context) -> float:
+    """The share of the cluster's GPUs in use (memoized on the context)."""
+    hit = ctx._memo.get(("utilisation",))
+    if hit is None:
+        total = sum(len(n.gpus) for n in ctx.nodes) or 1
+        used = sum(len(ctx.occ.used(n.pool) & {g.dra_device for g in n.gpus}) for n in ctx.nodes)
+        hit = ctx._memo[("utilisation",)] = {"": used / total}
+    return hit[""]
+
+
 def future_cost(
     ctx: Context, req: Request, cp: ClusterPlacement, own_run: float, memory: bool
 ) -> float:
@@ -328,9 +404,7 @@ def future_cost(
         return 0.0
     t = ctx.node(cp.pods[0].node)
     held = (frozenset(cp.pods[0].devices), ctx.now + own_run)
-    total_gpus = sum(len(n.gpus) for n in ctx.nodes) or 1
-    used = sum(len(ctx.occ.used(n.pool) & {g.dra_device for g in n.gpus}) for n in ctx.nodes)
-    util = used / total_gpus
+    util = _utilisation(ctx)
     total = 0.0
     for q, rate in ctx.future:
         if q.req.gpus <= req.gpus:
@@ -370,14 +444,11 @@ def _wait_options(
     after its next releases is expected to complete sooner than ``beat`` (seconds)."""
     if req.gpus > max((len(t.gpus) for t in ctx.nodes), default=0):
         return []
-    by_node: dict[str, list[Running]] = {}
-    for r in ctx.running:
-        by_node.setdefault(r.node, []).append(r)
     out = []
     for t in ctx.nodes:
         if len(t.gpus) < req.gpus or len(t.nics) < req.gpus * req.nics_per_gpu:
             continue
-        releases = sorted(by_node.get(t.name, ()), key=lambda r: r.expected_end)[:RELEASES]
+        releases = sorted(ctx.running_on(t.name), key=lambda r: r.expected_end)[:RELEASES]
         occ = ctx.occ
         for r in releases:
             start = max(r.expected_end, ctx.now)
