@@ -1,4 +1,28 @@
-"""Placement benchmark: the scorer vs first-fit vs random on a mixed GPU cluster.
+"""Placement benchmark: what users wait for (issue #24) — and, behind ``--model reject``,
+what was admitted (issue #15).
+
+**Queue model** (default; ``bench/queue_sim.py``): jobs wait in a FIFO queue with bounded
+EASY backfill, and a placed job runs for its base time × the stretch of its placement
+(``scorer/slowdown.py``: communication share per pattern, overlap with the backward pass,
+busbw and NIC path against the best the cluster offers for that size, memory-bound
+neighbours). Reported per policy: mean and p95 JCT, mean wait, useful utilisation (base
+GPU-seconds / (cluster GPUs × makespan)), makespan, mean stretch, busbw and NIC locality.
+``--cluster mixed`` (below) replays seeds 1-10 at ``QUEUE_LOAD`` × the binding resource
+(``carried_capacity``: GPUs, GPUs with an RDMA NIC of their own, nodes that hold each size
+with its NICs) under ``scorer`` (``scorer.completion.decide``: expected completion, may
+wait within a bound), ``ladder``, ``careful``, ``plain`` (40 node orders each, standard
+errors) and ``first-fit``, once with run-time hints (base × U(1, 2), an upper bound as
+Kueue's maximum execution time is) and once without (estimates learned from completed
+jobs), and prints issue #24's targets per seed and overall; its last line is
+``{"cluster": "mixed", "model": "queue", "runs": {"hints": ..., "no_hints": ...},
+"targets_met": {...}}``. About 25 minutes on 2 busy shared cores (load average 10);
+``--seeds 1-3``, ``--draws 10``, ``--hints off`` and ``--jobs`` shorten it. The large
+cluster (``python3 bench/placement.py``) replays 1,000 jobs at ``LARGE_QUEUE_LOAD`` under
+scorer / first-fit / random. ``--decision-bench`` times the decision with a 100-job queue
+on 32 nodes + an NVL72 rack.
+
+**Rejection model** (``--model reject``), issue #15's bench: the scorer vs first-fit vs
+random on a mixed GPU cluster.
 
 Cluster (graphs from the shipped fake machines, discovered once and renamed per node):
 16 DGX H100 (NVSwitch inside, one PXB NIC per GPU), 16 PCIe-only 8-GPU boxes

@@ -27,8 +27,14 @@ from dataclasses import dataclass, field
 
 from .bandwidth import nic_gbps
 from .request import Occupancy, Request
-from .score import Placement, assign_nics, set_busbw
-from .search import ClusterPlacement, node_placements, place, pod_network_gbps
+from .score import NodeState, Placement, assign_nics, node_eligible, set_busbw
+from .search import (
+    ClusterPlacement,
+    cluster_adjusted,
+    node_placements,
+    place,
+    pod_network_gbps,
+)
 from .slowdown import stretch
 from .topology import NodeTopology
 
@@ -254,14 +260,17 @@ def options_now(
     occ = occ if occ is not None else ctx.occ
     if req.gpus > max((len(t.gpus) for t in ctx.nodes), default=0):
         return _per_node(place(ctx.nodes, occ, req, top=4 * len(ctx.nodes)))
+    states = {t.name: NodeState(t, occ, req) for t in ctx.nodes if node_eligible(t, req)}
     out = []
     for t in ctx.nodes:
-        if only is not None and t.name not in only:
+        st = states.get(t.name)
+        if st is None or (only is not None and t.name not in only):
             continue
-        found = node_placements(t, occ, req, 1)
+        found = node_placements(t, occ, req, 1, state=st)
         if found:
             out.append(ClusterPlacement((found[0],), found[0].score))
-    return out
+    # the same cluster-wide charges as search.place (they break ties between nodes)
+    return cluster_adjusted(out, ctx.nodes, states, req)
 
 
 def best_cost_now(
