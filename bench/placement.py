@@ -1,4 +1,28 @@
-"""Placement benchmark: the scorer vs first-fit vs random on a mixed GPU cluster.
+"""Placement benchmark: what users wait for (issue #24) — and, behind ``--model reject``,
+what was admitted (issue #15).
+
+**Queue model** (default; ``bench/queue_sim.py``): jobs wait in a FIFO queue with bounded
+EASY backfill, and a placed job runs for its base time × the stretch of its placement
+(``scorer/slowdown.py``: communication share per pattern, overlap with the backward pass,
+busbw and NIC path against the best the cluster offers for that size, memory-bound
+neighbours). Reported per policy: mean and p95 JCT, mean wait, useful utilisation (base
+GPU-seconds / (cluster GPUs × makespan)), makespan, mean stretch, busbw and NIC locality.
+``--cluster mixed`` (below) replays seeds 1-10 at ``QUEUE_LOAD`` × the binding resource
+(``carried_capacity``: GPUs, GPUs with an RDMA NIC of their own, nodes that hold each size
+with its NICs) under ``scorer`` (``scorer.completion.decide``: expected completion, may
+wait within a bound), ``ladder``, ``careful``, ``plain`` (40 node orders each, standard
+errors) and ``first-fit``, once with run-time hints (base × U(1, 2), an upper bound as
+Kueue's maximum execution time is) and once without (estimates learned from completed
+jobs), and prints issue #24's targets per seed and overall; its last line is
+``{"cluster": "mixed", "model": "queue", "runs": {"hints": ..., "no_hints": ...},
+"targets_met": {...}}``. About 25 minutes on 2 busy shared cores (load average 10);
+``--seeds 1-3``, ``--draws 10``, ``--hints off`` and ``--jobs`` shorten it. The large
+cluster (``python3 bench/placement.py``) replays 1,000 jobs at ``LARGE_QUEUE_LOAD`` under
+scorer / first-fit / random. ``--decision-bench`` times the decision with a 100-job queue
+on 32 nodes + an NVL72 rack.
+
+**Rejection model** (``--model reject``), issue #15's bench: the scorer vs first-fit vs
+random on a mixed GPU cluster.
 
 Cluster (graphs from the shipped fake machines, discovered once and renamed per node):
 16 DGX H100 (NVSwitch inside, one PXB NIC per GPU), 16 PCIe-only 8-GPU boxes
@@ -110,13 +134,13 @@ def fake_graph(name: str) -> dict[str, Any]:
     return build_graph(discover("/", fake=name))
 
 
-def build_cluster() -> list[NodeTopology]:
+def build_cluster(racks: int = 2) -> list[NodeTopology]:
     nodes: list[NodeTopology] = []
     for name, count in (("dgx-h100", 16), ("pcie-8gpu", 16)):
         g = fake_graph(name)
         nodes += [from_graph(rename_graph(g, f"{name}-{i:02d}")) for i in range(count)]
     tray = fake_graph("gb200-nvl72-tray")
-    for rack in range(2):
+    for rack in range(racks):
         for i in range(18):
             g = copy.deepcopy(rename_graph(tray, f"nvl72-{rack}-tray-{i:02d}"))
             for v in g["vertices"]:
@@ -714,6 +738,376 @@ def main_mixed(args: argparse.Namespace) -> int:
     return 0
 
 
+# ------------------------------------------------------------------ queue model (issue #24)
+
+#: The share of the binding resource the offered load keeps busy at base run times
+#: (``carried_capacity``): below 1 so the cluster can carry the stream when every job
+#: gets its best placement.
+QUEUE_LOAD = 0.5
+#: A stated run time is an upper bound (Kueue stops a workload at its maximum execution
+#: time): the bench's hints are the base run time × U(1, HINT_OVER).
+HINT_OVER = 2.0
+
+
+def carried_capacity(topos: list[NodeTopology], sizes: dict[int, float]) -> dict[str, float]:
+    """GPUs of work per unit of offered load that each resource can carry, in GPU terms:
+    every GPU; the GPUs that have an RDMA NIC of their own (for the jobs with a NIC per
+    GPU); and, per job size, the GPUs of nodes that can hold that size with its NICs.
+    The stream's rate comes from the smallest (``binding``)."""
+    mean = sum(k * w for k, w in sizes.items())
+    out = {"gpus": float(sum(len(t.gpus) for t in topos))}
+    nic_demand = sum(k * w for k, w in sizes.items() if k > 1)
+    nic_gpus = sum(min(len(t.gpus), t.rdma_nics) for t in topos)
+    if nic_demand:
+        out["nic_gpus"] = nic_gpus * mean / nic_demand
+    for k, w in sizes.items():
+        if k == 1:
+            continue
+        hold = sum(len(t.gpus) for t in topos if len(t.gpus) >= k and t.rdma_nics >= k)
+        out[f"{k}gpu_nodes"] = hold * mean / (k * w) if hold else 0.0
+    out["binding"] = min(v for v in out.values() if v > 0)
+    return out
+
+
+def queue_stream(n: int, topos: list[NodeTopology], load: float, seed: int) -> list[Any]:
+    """The mixed stream (same sizes, patterns and run-time law as ``mixed_stream``) at
+    ``load`` × the binding resource's capacity, each job with a hint (base × U(1, 2))."""
+    from bench.queue_sim import SimJob
+
+    cap = carried_capacity(topos, MIXED_SIZES)["binding"]
+    jobs = mixed_stream(n, round(cap), load, seed)
+    rng = random.Random(seed * 7907 + 3)
+    return [
+        SimJob(j.id, j.arrival, j.duration, j.req, j.duration * rng.uniform(1.0, HINT_OVER))
+        for j in jobs
+    ]
+
+
+QUEUE_POLICIES = ("scorer", "ladder", "careful", "plain", "first-fit")
+QUEUE_RANDOM = ("ladder", "careful", "plain")
+
+
+class _Claims:
+    """The allocator model's answers, cached on (layout, devices in use, claim): the same
+    claim on an identical node in an identical state allocates the same devices."""
+
+    def __init__(self) -> None:
+        self.cache: dict[tuple[Any, ...], tuple[list[str], list[str]] | None] = {}
+
+    def allocate(
+        self, n: MixedNode, occ: Occupancy, key: tuple[Any, ...], spec: dict[str, Any]
+    ) -> tuple[list[str], list[str]] | None:
+        k = (n.topo.signature, frozenset(occ.used(n.topo.pool)), key)
+        if k not in self.cache:
+            if len(self.cache) > 200_000:
+                self.cache.clear()
+            self.cache[k] = _allocate_on(n, occ, spec)
+        return self.cache[k]
+
+
+_CLAIMS = _Claims()
+
+
+def queue_policy(name: str, nodes: list[MixedNode], rng: random.Random) -> Any:
+    """A policy for bench/queue_sim.py: the scorer's expected-completion decision, or a
+    claim through the allocator model (ladder, careful, plain: nodes in random order;
+    first-fit: plain counts, nodes in cluster order)."""
+    from bench.queue_sim import Decision, SimJob, View
+    from scorer.completion import deadline, decide
+    from scorer.ladder import ladder_spec, prioritized_score
+
+    def scorer(job: SimJob, view: View) -> Decision:
+        expected = view.expected(job)
+        choice = decide(view.context(), job.req, expected, deadline(job.arrival, expected))
+        if choice.placement is None and choice.wait_node is not None:
+            return Decision(None, choice.wait_node, deadline(job.arrival, expected))
+        return Decision(choice.placement)
+
+    def claims(job: SimJob, view: View) -> Decision:
+        req, occ = job.req, view.occ
+        order = list(nodes) if name == "first-fit" else rng.sample(nodes, len(nodes))
+        fits = [n for n in order if _enough(n.topo, occ, req)]
+        shape = (req.gpus, req.nics_per_gpu)
+        if name == "ladder":
+            spec = ladder_spec(req.gpus, req.nics_per_gpu)
+            best: tuple[int, MixedNode, list[str]] | None = None
+            for n in fits:
+                got = _CLAIMS.allocate(n, occ, ("ladder", *shape), spec)
+                if got is not None:
+                    score = prioritized_score(spec, got[1])
+                    if best is None or score > best[0]:
+                        best = (score, n, got[0])
+            if best is None:
+                return Decision(None)
+            return Decision(ClusterPlacement((_as_placement(best[1].topo, best[2]),), 0.0))
+        specs = careful_claims(req) if name == "careful" else [_count_claim(req)]
+        for i, spec in enumerate(specs):
+            for n in fits:
+                got = _CLAIMS.allocate(n, occ, (name == "careful", i, *shape), spec)
+                if got is not None:
+                    return Decision(ClusterPlacement((_as_placement(n.topo, got[0]),), 0.0))
+        return Decision(None)
+
+    return scorer if name == "scorer" else claims
+
+
+def run_queue(
+    policy: str, nodes: list[MixedNode], jobs: list[Any], seed: int, hints: bool, draw: int = 0
+) -> dict[str, Any]:
+    from bench.queue_sim import metrics, simulate
+
+    index = QUEUE_POLICIES.index(policy)
+    rng = random.Random((seed * 7919 + index) * 1009**draw)
+    topos = [n.topo for n in nodes]
+    res = simulate(topos, jobs, queue_policy(policy, nodes, rng), hints)
+    return metrics(res, topos)
+
+
+#: Queue-model figures whose standard error over node orders is reported.
+QUEUE_SE = ("mean_jct_s", "p95_jct_s", "useful_utilisation", "mean_wait_s")
+
+
+def queue_over_draws(
+    policy: str, nodes: list[MixedNode], jobs: list[Any], seed: int, hints: bool, draws: int
+) -> dict[str, Any]:
+    """A random-order policy's queue figures, the mean over ``draws`` node orders with the
+    standard error of the means; p99 decision is the worst draw's."""
+    runs = [run_queue(policy, nodes, jobs, seed, hints, d) for d in range(draws)]
+    out: dict[str, Any] = {}
+    for k in runs[0]:
+        vals = [r[k] for r in runs]
+        out[k] = max(vals) if k == "p99_decision_ms" else round(sum(vals) / len(vals), 4)
+    for k in QUEUE_SE if len(runs) > 1 else ():
+        vals = [r[k] for r in runs]
+        out[f"{k}_se"] = round(statistics.stdev(vals) / math.sqrt(len(vals)), 4)
+    out["draws"] = draws
+    return out
+
+
+def queue_targets(per_seed: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Issue #24's targets from one hint setting's per-seed figures."""
+    ratios, ladder, noise = [], [], []
+    sp95, cp95, su, cu = [], [], [], []
+    for res in per_seed.values():
+        s, c, lad = res["scorer"], res["careful"], res["ladder"]
+        cm = c["mean_jct_s"] or math.inf
+        r = s["mean_jct_s"] / cm
+        ratios.append(r)
+        noise.append(2.0 * r * c.get("mean_jct_s_se", 0.0) / cm)
+        ladder.append(lad["mean_jct_s"] / cm)
+        sp95.append(s["p95_jct_s"])
+        cp95.append(c["p95_jct_s"])
+        su.append(s["useful_utilisation"])
+        cu.append(c["useful_utilisation"])
+    n = len(ratios)
+    mean_r = sum(ratios) / n
+    worst = max(r - e for r, e in zip(ratios, noise, strict=True))
+    out = {
+        "scorer_jct_x_careful": round(mean_r, 3),
+        "scorer_worst_seed_minus_2se": round(worst, 3),
+        "scorer_p95_s": round(sum(sp95) / n, 1),
+        "careful_p95_s": round(sum(cp95) / n, 1),
+        "scorer_utilisation": round(sum(su) / n, 4),
+        "careful_utilisation": round(sum(cu) / n, 4),
+        "ladder_jct_x_careful": round(sum(ladder) / n, 3),
+    }
+    out["met"] = {
+        "scorer_mean_jct": mean_r <= 0.80 and worst <= 1.0,
+        "scorer_p95_jct": out["scorer_p95_s"] <= out["careful_p95_s"],
+        "scorer_utilisation": out["scorer_utilisation"] >= out["careful_utilisation"],
+        "ladder_mean_jct": out["ladder_jct_x_careful"] <= 0.90,
+    }
+    return out
+
+
+def main_mixed_queue(args: argparse.Namespace) -> int:
+    t_start = time.perf_counter()
+    nodes = build_mixed()
+    topos = [n.topo for n in nodes]
+    cap = carried_capacity(topos, MIXED_SIZES)
+    seeds = _seeds(args.seeds)
+    settings = {"both": (False, True), "on": (True,), "off": (False,)}[args.hints]
+    print(
+        f"mixed cluster, queue model: {len(nodes)} nodes, {len(topos) and cap['gpus']:.0f} GPUs; "
+        f"{args.jobs} jobs per seed at {args.load} x the binding resource "
+        f"({', '.join(f'{k} {v:.1f}' for k, v in cap.items())}); FIFO + EASY backfill; "
+        f"random-order policies over {args.draws} node orders",
+        file=sys.stderr,
+    )
+    out: dict[str, Any] = {}
+    for hints in settings:
+        label = "hints" if hints else "no_hints"
+        per_seed: dict[str, dict[str, Any]] = {}
+        for seed in seeds:
+            jobs = queue_stream(args.jobs, topos, args.load, seed)
+            res = {
+                p: queue_over_draws(p, nodes, jobs, seed, hints, args.draws)
+                if p in QUEUE_RANDOM
+                else run_queue(p, nodes, jobs, seed, hints)
+                for p in QUEUE_POLICIES
+            }
+            per_seed[str(seed)] = res
+            for p in QUEUE_POLICIES:
+                print(f"[{label}] seed {seed} {p:9s} {res[p]}", file=sys.stderr)
+            s, c, lad = res["scorer"], res["careful"], res["ladder"]
+            cm = c["mean_jct_s"] or math.inf
+            r = s["mean_jct_s"] / cm
+            e = 2.0 * r * c.get("mean_jct_s_se", 0.0) / cm
+            print(
+                f"[{label}] seed {seed} targets: scorer mean JCT {r:.3f}x careful ± {e:.3f} "
+                f"(<= 0.80 on average, none above 1.0 beyond 2 s.e.: {r - e <= 1.0}); p95 "
+                f"{s['p95_jct_s']:.0f} vs {c['p95_jct_s']:.0f} s; utilisation "
+                f"{s['useful_utilisation']:.3f} vs {c['useful_utilisation']:.3f}; ladder "
+                f"{lad['mean_jct_s'] / cm:.3f}x careful (<= 0.90 on average)",
+                file=sys.stderr,
+            )
+        tg = queue_targets(per_seed)
+        print(f"[{label}] overall: {json.dumps(tg)}", file=sys.stderr)
+        out[label] = {"seeds": per_seed, "targets": tg}
+    elapsed = time.perf_counter() - t_start
+    print(f"({elapsed:.0f} s)", file=sys.stderr)
+    names = next(iter(out.values()))["targets"]["met"]
+    met = {k: all(v["targets"]["met"][k] for v in out.values()) for k in names}
+    print(json.dumps({"cluster": "mixed", "model": "queue", "runs": out, "targets_met": met}))
+    return 0
+
+
+#: Offered load of the large cluster's queue model, × its GPUs at base run times.
+LARGE_QUEUE_LOAD = 0.6
+
+
+def large_queue_policy(name: str, nodes: list[NodeTopology], seed: int) -> Any:
+    """scorer (the expected-completion decision), first-fit (nodes in a fixed shuffled
+    order, devices first-fit) or random, for bench/queue_sim.py."""
+    from bench.queue_sim import Decision, SimJob, View
+    from scorer.completion import deadline, decide
+
+    rng = random.Random(seed)
+    fixed = list(nodes)
+    random.Random(seed + 1).shuffle(fixed)
+
+    def scorer(job: SimJob, view: View) -> Decision:
+        expected = view.expected(job)
+        choice = decide(view.context(), job.req, expected, deadline(job.arrival, expected))
+        if choice.placement is None and choice.wait_node is not None:
+            return Decision(None, choice.wait_node, deadline(job.arrival, expected))
+        return Decision(choice.placement)
+
+    def others(job: SimJob, view: View) -> Decision:
+        if name == "first-fit":
+            return Decision(
+                baseline(nodes, view.occ, job.req, lambda xs, c: xs[:c], lambda ns: fixed)
+            )
+        return Decision(
+            baseline(
+                nodes,
+                view.occ,
+                job.req,
+                lambda xs, c: rng.sample(xs, c),
+                lambda ns: rng.sample(ns, len(ns)),
+            )
+        )
+
+    return scorer if name == "scorer" else others
+
+
+def main_large_queue(args: argparse.Namespace) -> int:
+    from bench.queue_sim import SimJob, metrics, simulate
+
+    t0 = time.perf_counter()
+    nodes = build_cluster()
+    total = sum(len(t.gpus) for t in nodes)
+    raw = job_stream(args.jobs, total, args.load, args.seed)
+    rng = random.Random(args.seed * 7907 + 3)
+    jobs = [
+        SimJob(j.id, j.arrival, j.duration, j.req, j.duration * rng.uniform(1.0, HINT_OVER))
+        for j in raw
+    ]
+    hints = args.hints != "off"
+    print(
+        f"large cluster, queue model: {len(nodes)} nodes, {total} GPUs; {len(jobs)} jobs at "
+        f"{args.load} x GPUs, hints {'on' if hints else 'off'}",
+        file=sys.stderr,
+    )
+    out: dict[str, Any] = {}
+    for policy in ("scorer", "first-fit", "random"):
+        t1 = time.perf_counter()
+        res = simulate(nodes, jobs, large_queue_policy(policy, nodes, args.seed), hints)
+        out[policy] = metrics(res, nodes)
+        print(f"{policy:10s} {out[policy]}  ({time.perf_counter() - t1:.1f}s)", file=sys.stderr)
+    s, f = out["scorer"], out["first-fit"]
+    print(
+        f"scorer mean JCT {s['mean_jct_s'] / (f['mean_jct_s'] or math.inf):.3f}x first-fit, "
+        f"p95 {s['p95_jct_s']:.0f} vs {f['p95_jct_s']:.0f} s, utilisation "
+        f"{s['useful_utilisation']:.3f} vs {f['useful_utilisation']:.3f} "
+        f"({time.perf_counter() - t0:.0f} s)",
+        file=sys.stderr,
+    )
+    print(json.dumps({"cluster": "large", "model": "queue", "policies": out}))
+    return 0
+
+
+def decision_bench(args: argparse.Namespace) -> int:
+    """The expected-completion decision's time with a 100-job queue on 32 nodes (16 DGX,
+    16 PCIe) + one NVL72 rack: the cluster filled by the scorer to ~60 % of its GPUs, then
+    each of 100 queued jobs decided with the jobs ahead of it, behind it, the running jobs
+    and learned arrival rates in its context."""
+    from scorer.completion import Context, Queued, Running, deadline, decide
+    from scorer.estimate import RunEstimator
+
+    nodes = build_cluster(racks=1)
+    total = sum(len(t.gpus) for t in nodes)
+    jobs = job_stream(2000, total, 1.0, args.seed)
+    occ = Occupancy()
+    est = RunEstimator(use_hints=False)
+    running: list[Running] = []
+    used = 0
+    i = 0
+    while used < 0.6 * total and i < len(jobs):
+        j = jobs[i]
+        i += 1
+        est.arrived(j.req, j.arrival)
+        found = place(nodes, occ, j.req, top=1)
+        if not found:
+            continue
+        for p in found[0].pods:
+            pool = next(t.pool for t in nodes if t.name == p.node)
+            occ.allocated.setdefault(pool, set()).update(p.devices)
+            running.append(Running(p.node, frozenset(p.devices), j.duration))
+        used += j.req.gpus
+    for j in jobs[:i]:
+        est.observe(j.req, j.duration)
+    queue = jobs[i : i + 100]
+    future = [(Queued(r, est.expected(r)), rate) for r, rate in est.rates()]
+    times: list[float] = []
+    cpu: list[tuple[float, int, str]] = []
+    for _ in range(args.rounds):
+        for k, j in enumerate(queue):
+            ahead = [Queued(q.req, est.expected(q.req)) for q in queue[:k]]
+            behind = [Queued(q.req, est.expected(q.req)) for q in queue[k + 1 : k + 5]]
+            ctx = Context(nodes, occ, 0.0, running, ahead, behind, future)
+            e = est.expected(j.req)
+            t0, c0 = time.perf_counter(), time.thread_time()
+            decide(ctx, j.req, e, deadline(0.0, e))
+            times.append((time.perf_counter() - t0) * 1000.0)
+            cpu.append(((time.thread_time() - c0) * 1000.0, j.req.gpus, j.req.pattern))
+    cpu.sort()
+    print(f"slowest (CPU ms, GPUs, pattern): {cpu[-3:]}", file=sys.stderr)
+    cpu_p99 = cpu[min(len(cpu) - 1, math.ceil(0.99 * len(cpu)) - 1)][0]
+    times.sort()
+    p99 = times[min(len(times) - 1, math.ceil(0.99 * len(times)) - 1)]
+    p50 = times[len(times) // 2]
+    print(
+        f"decision: {len(nodes)} nodes ({total} GPUs), {used} GPUs in use, 100-job queue, "
+        f"{len(times)} decisions: p50 {p50:.2f} ms, p99 {p99:.2f} ms (<= 50: {p99 <= 50}); "
+        f"CPU time p99 {cpu_p99:.2f} ms",
+        file=sys.stderr,
+    )
+    out = {"decision_p50_ms": round(p50, 3), "decision_p99_ms": round(p99, 3)}
+    print(json.dumps({**out, "decision_cpu_p99_ms": round(cpu_p99, 3)}))
+    return 0
+
+
 def _seeds(text: str) -> list[int]:
     if "-" in text:
         a, b = text.split("-", 1)
@@ -727,7 +1121,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=None, help="default 3000 (large), 200 (mixed)")
     ap.add_argument("--load", type=float, default=None, help="× cluster GPUs (1.0 / 0.7)")
     ap.add_argument("--seed", type=int, default=7)
-    ap.add_argument("--seeds", default="1-5", help="mixed cluster: seeds (1-5 or 1,3)")
+    ap.add_argument(
+        "--seeds", default=None, help="mixed cluster: seeds (1-10 or 1,3; reject model 1-5)"
+    )
+    ap.add_argument(
+        "--model",
+        choices=["queue", "reject"],
+        default="queue",
+        help="queue: FIFO + EASY backfill, run times stretched by placement (issue #24); "
+        "reject: a job that does not fit on arrival is turned away (issue #15)",
+    )
+    ap.add_argument(
+        "--hints",
+        choices=["both", "on", "off"],
+        default="both",
+        help="queue model: run-time hints used, ignored, or both runs",
+    )
     ap.add_argument(
         "--draws", type=int, default=40, help="mixed cluster: node orders per random-order policy"
     )
@@ -736,11 +1145,28 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="mixed cluster: also the busbw-first reference probes (not targets)",
     )
+    ap.add_argument(
+        "--decision-bench",
+        action="store_true",
+        help="time the expected-completion decision (100-job queue, 32 nodes + an NVL72 rack)",
+    )
+    ap.add_argument("--rounds", type=int, default=3, help="--decision-bench: passes over the queue")
     args = ap.parse_args(argv)
     if args.cluster == "mixed":
         args.jobs = args.jobs or 200
+        if args.model == "queue":
+            args.seeds = args.seeds or "1-10"
+            args.load = args.load or QUEUE_LOAD
+            return main_mixed_queue(args)
+        args.seeds = args.seeds or "1-5"
         args.load = args.load or 0.7
         return main_mixed(args)
+    if args.decision_bench:
+        return decision_bench(args)
+    if args.model == "queue":
+        args.jobs = args.jobs or 1000
+        args.load = args.load or LARGE_QUEUE_LOAD
+        return main_large_queue(args)
     args.jobs = args.jobs or 3000
     args.load = args.load or 1.0
     t0 = time.perf_counter()

@@ -1,8 +1,8 @@
 """What-if probes for the scorer's levers on the mixed cluster (issue #15).
 
-``bench/placement.py --cluster mixed`` compares the scorer with the careful user at the
-scorer's shipped settings. This script replays the same streams with one lever changed at a
-time and prints, per seed, the scorer's busbw as a multiple of the careful user's, its
+``bench/placement.py --cluster mixed --model reject`` compares the scorer with the careful
+user at the scorer's shipped settings. This script replays the same streams with one lever
+changed at a time and prints, per seed, the scorer's busbw as a multiple of the careful user's, its
 GPU-hours minus theirs and its NIC locality — the three things the issue's target joins —
 so a claim such as "no setting of X meets seed 4 without losing another seed" is a command,
 not a sentence. The careful user's figures are the mean over ``--draws`` node orders, as in

@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import time
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -36,6 +37,8 @@ from typing import Any
 import yaml
 
 from .cluster_cache import ClusterCache, PoolUse
+from .completion import filter_waits
+from .estimate import kueue_hint
 from .request import PROFILE_ANNOTATION, Occupancy, Request, request_from_dict
 from .search import node_placements
 from .topology import NodeTopology
@@ -249,6 +252,35 @@ class Extender:
         failed = {n: v.reason for n, v in verdicts.items() if not v.fits}
         return kept, failed
 
+    def waits(self, pod: dict[str, Any], req: Request, fits: set[str]) -> dict[str, str]:
+        """Nodes to refuse for now (``completion.filter_waits``), only for a pod that states
+        its run time (``expectedRunSeconds`` or Kueue's max-exec-time label). The yardstick
+        is every node with a graph that the pod's nodeSelector allows, not only the
+        candidates sent: a taken NVSwitch node never reaches the extender."""
+        expected = req.expected_run_s or kueue_hint(pod)
+        created = _timestamp((pod.get("metadata") or {}).get("creationTimestamp"))
+        if expected is None or created is None:
+            return {}
+        selector = {
+            str(k): str(v) for k, v in ((pod.get("spec") or {}).get("nodeSelector") or {}).items()
+        }
+        graphs = self.cluster.graphs
+        topos: list[NodeTopology] = []
+        allocated: dict[str, set[str]] = {}
+        busy: dict[str, set[str]] = {}
+        for name in graphs.nodes():
+            topo = graphs.topology(name)
+            if topo is None:
+                continue
+            info = self.cluster.node(name)
+            if info is not None and not all(info.labels.get(k) == v for k, v in selector.items()):
+                continue
+            topos.append(topo)
+            use = self.cluster.pool_use(topo.pool)
+            allocated[topo.pool], busy[topo.pool] = set(use.used), set(use.busy)
+        occ = Occupancy(allocated=allocated, memory_bound=busy)
+        return filter_waits(topos, fits, occ, req, expected, time.time() - created)
+
     # -- verbs -----------------------------------------------------------------------------
 
     def filter(self, args: dict[str, Any]) -> dict[str, Any]:
@@ -260,6 +292,12 @@ class Extender:
         if req is None:
             return _filter_result(nodes, {}, by_name)
         kept, failed = self.decide(req, self.verdicts(req, nodes))
+        # Expected completion (issue #24): held off slow nodes while a faster one may free
+        # within the pod's bound; the reason goes to FailedNodes.
+        waits = self.waits(wire_field(args, "Pod") or {}, req, set(kept))
+        if waits:
+            failed.update(waits)
+            kept = [n for n in kept if n not in waits]
         keep = set(kept)
         return _filter_result([n for n in nodes if _name_of(n) in keep], failed, by_name)
 
@@ -272,6 +310,16 @@ class Extender:
         if req is None:
             return [{"Host": name, "Score": 0} for name, _, _ in _named(nodes)]
         return [{"Host": n, "Score": v.priority} for n, v in self.verdicts(req, nodes).items()]
+
+
+def _timestamp(value: Any) -> float | None:
+    """Seconds since the epoch of an RFC 3339 API timestamp, or None."""
+    from datetime import datetime
+
+    try:
+        return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
 
 
 def _nodes(args: dict[str, Any]) -> tuple[list[Any], bool]:

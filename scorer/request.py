@@ -36,6 +36,7 @@ _KEYS = {
     "pattern",
     "bound",
     "constraints",
+    "expectedRunSeconds",
 }
 _CONSTRAINT_KEYS = {"nodeLabels", "gpuAttributes"}
 _QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)\s*(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$")
@@ -78,6 +79,9 @@ class Request:
     gpu_attributes: dict[str, str] = field(default_factory=dict)
     """Hard filter: graph GPU attributes that must equal these values (e.g. ``model``)."""
     name: str = "request"
+    expected_run_s: float | None = None
+    """Run-time hint (seconds at the best placement), when the workload states one: used by
+    the expected-completion decision (scorer/completion.py), never by the score."""
 
     def with_gpus(self, n: int) -> Request:
         return Request(
@@ -90,6 +94,7 @@ class Request:
             node_labels=self.node_labels,
             gpu_attributes=self.gpu_attributes,
             name=self.name,
+            expected_run_s=self.expected_run_s,
         )
 
     def key(self) -> tuple[Any, ...]:
@@ -161,7 +166,19 @@ def request_from_dict(data: Any, where: str = "request") -> Request:
         node_labels=_str_map(where, "constraints.nodeLabels", cons.get("nodeLabels", {})),
         gpu_attributes=_str_map(where, "constraints.gpuAttributes", cons.get("gpuAttributes", {})),
         name=str(data.get("name") or "request"),
+        expected_run_s=_seconds(where, "expectedRunSeconds", data.get("expectedRunSeconds")),
     )
+
+
+def _seconds(where: str, key: str, value: Any) -> float | None:
+    """A positive duration in seconds (int or float), or None when absent."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{where}: {key} must be a number of seconds, not {value!r}")
+    if not 0 < value <= 366 * 86400 or value != value:
+        raise ValueError(f"{where}: {key} must be between 0 and one year, not {value}")
+    return float(value)
 
 
 def load_document(path: str | Path) -> Any:

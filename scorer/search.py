@@ -468,7 +468,21 @@ def place(
         cand = multi_node_placement(nodes, occ, req, states)
         if cand is not None:
             out.append(cand)
+    out = cluster_adjusted(out, nodes, states, req)
+    out.sort(key=lambda c: (-round(c.score, 9), c.pods[0].node, c.pods[0].devices))
+    return out[:top]
+
+
+def cluster_adjusted(
+    out: list[ClusterPlacement],
+    nodes: Sequence[NodeTopology],
+    states: dict[str, NodeState],
+    req: Request,
+) -> list[ClusterPlacement]:
+    """``out`` with the cluster-wide charges a node-local score cannot see: breaking a
+    whole network-ready node, taking blocks out of multi-node NVLink domains."""
     out = _whole_node_adjusted(out, nodes, states, req)
+    domains = nvlink_domains(nodes)
     if domains and out:
         node_domain = {t.name: d for d, members in domains.items() for t in members}
         info = {
@@ -479,5 +493,4 @@ def place(
             for d, ms in domains.items()
         }
         out = [_domain_adjusted(c, node_domain, info, req) for c in out]
-    out.sort(key=lambda c: (-round(c.score, 9), c.pods[0].node, c.pods[0].devices))
-    return out[:top]
+    return out

@@ -1,6 +1,7 @@
 """The placement bench scripts run end to end on a small stream: their figures are what the
 issue closing notes quote, so a script that no longer runs (or leaves the scorer's constants
-changed behind it) must fail here, not when somebody next wants a figure."""
+changed behind it) must fail here, not when somebody next wants a figure. The queue model's
+backfill rule is checked on a hand-made stream."""
 
 from __future__ import annotations
 
@@ -28,10 +29,48 @@ def _run(script: str, *args: str) -> tuple[dict[str, Any], str]:
     return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
 
 
-@pytest.mark.parametrize("draws", ["1", "3"])
-def test_mixed_cluster_reports_every_policy_with_standard_errors(draws: str) -> None:
+def test_queue_model_reports_every_policy_both_hint_settings_and_the_targets() -> None:
     out, err = _run(
-        "placement.py", "--cluster", "mixed", "--jobs", "40", "--seeds", "2", "--draws", draws
+        "placement.py", "--cluster", "mixed", "--jobs", "40", "--seeds", "2", "--draws", "2"
+    )
+    assert out["model"] == "queue" and set(out["runs"]) == {"hints", "no_hints"}
+    for run in out["runs"].values():
+        seed = run["seeds"]["2"]
+        assert set(seed) == {"scorer", "ladder", "careful", "plain", "first-fit"}
+        for name, fig in seed.items():
+            assert fig["jobs"] == 40 and fig["unplaced"] == 0, name
+            assert 0 < fig["mean_wait_s"] + 1 and fig["mean_jct_s"] > 0, name
+            assert fig["p95_jct_s"] >= fig["mean_wait_s"], name
+            assert 0.0 < fig["useful_utilisation"] <= 1.0, name
+            assert fig["mean_stretch"] >= 1.0, name
+            has_se = name in ("ladder", "careful", "plain")
+            assert ("mean_jct_s_se" in fig) is has_se, name
+            if has_se:
+                assert math.isfinite(fig["mean_jct_s_se"]) and fig["mean_jct_s_se"] >= 0
+        assert set(run["targets"]["met"]) == {
+            "scorer_mean_jct",
+            "scorer_p95_jct",
+            "scorer_utilisation",
+            "ladder_mean_jct",
+        }
+    assert "[hints] seed 2 targets: scorer mean JCT" in err and " ± " in err
+    assert set(out["targets_met"]) == set(out["runs"]["hints"]["targets"]["met"])
+
+
+@pytest.mark.parametrize("draws", ["1", "3"])
+def test_rejection_model_reports_every_policy_with_standard_errors(draws: str) -> None:
+    out, err = _run(
+        "placement.py",
+        "--cluster",
+        "mixed",
+        "--model",
+        "reject",
+        "--jobs",
+        "40",
+        "--seeds",
+        "2",
+        "--draws",
+        draws,
     )
     seed = out["seeds"]["2"]
     assert set(seed) == {"scorer", "ladder", "careful", "plain"}
@@ -44,6 +83,33 @@ def test_mixed_cluster_reports_every_policy_with_standard_errors(draws: str) -> 
         if has_se:
             assert math.isfinite(fig["gpu_hours_se"]) and fig["gpu_hours_se"] >= 0
     assert "seed 2 targets: scorer busbw" in err and " ± " in err
+
+
+def test_easy_backfill_keeps_the_heads_reservation() -> None:
+    """One DGX: A holds 6 GPUs for 100 s; B (8 GPUs) waits for it and reserves the node
+    from t=100; C (2 GPUs, 50 s) may start before that, D (2 GPUs, 500 s) may not."""
+    from bench.queue_sim import Decision, SimJob, View, simulate
+    from scorer.request import Request
+    from scorer.search import place
+    from scorer.topology import from_graph, rename_graph
+    from tests.scorer_support import machine
+
+    dgx = from_graph(rename_graph(machine("dgx-h100").graph, "dgx"))
+
+    def first(job: SimJob, view: View) -> Decision:
+        found = place(view.nodes, view.occ, job.req, top=1)
+        return Decision(found[0] if found else None)
+
+    def job(i: int, t: float, gpus: int, run: float) -> SimJob:
+        return SimJob(i, t, run, Request(gpus=gpus, name=f"j{i}"), run)
+
+    jobs = [job(0, 0.0, 6, 100.0), job(1, 1.0, 8, 10.0), job(2, 2.0, 2, 50.0)]
+    jobs.append(job(3, 3.0, 2, 500.0))
+    res = simulate([dgx], jobs, first, hints=True)
+    start = {s.job.id: s.start for s in res.started}
+    assert start[0] == 0.0 and start[2] == 2.0  # C backfilled: it ends before t=100
+    assert start[1] == 100.0  # the head started at its reservation
+    assert start[3] == 110.0  # D could have started at 3 but would have delayed the head
 
 
 def test_levers_script_restores_the_scorer_constants() -> None:

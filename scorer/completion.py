@@ -1,0 +1,584 @@
+"""Choose a placement by expected job completion time, not by score — and wait when a
+better placement is expected soon enough.
+
+A score ranks device sets; what a user waits for is wait + run, and the run follows the
+placement (``scorer/slowdown.py``). For one job this module weighs:
+
+* every node's best placement now: expected run × its stretch, plus the cost it imposes
+  on the next jobs in the queue (their best completion with these devices taken, minus
+  without) — the fragmentation term, in seconds of other jobs' time;
+* waiting for a better one: for each node whose hardware would run the job faster, the
+  time its running jobs are expected to release enough devices (their remaining time as
+  known or estimated; a job ahead in the queue that fits there is served first), plus the
+  run there;
+
+and returns the placement with the least expected completion, or a wait, bounded so
+nothing starves: a job never waits for a better placement past ``deadline(arrival,
+expected run)`` (``WAIT_BOUND`` × its expected run time).
+
+Everything here is a function of its arguments (and the scorer's search caches); the
+bench's replay and the kube-scheduler extender's filter call the same decision.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from .bandwidth import nic_gbps
+from .request import Occupancy, Request
+from .score import NodeState, Placement, assign_nics, node_eligible, set_busbw
+from .search import (
+    ClusterPlacement,
+    cluster_adjusted,
+    node_placements,
+    place,
+    pod_network_gbps,
+)
+from .slowdown import stretch
+from .topology import NodeTopology
+
+#: A job waits for a better placement at most this multiple of its expected run time
+#: (counted from its arrival): a 5× slower placement is worth up to 4 run times of waiting,
+#: so one run time keeps most of the gain and bounds what a wrong estimate can cost.
+WAIT_BOUND = 1.0
+#: Waiting must beat placing now by this share of the expected completion (estimates are
+#: rough; a marginal gain is not worth holding a job back).
+WAIT_MARGIN = 0.10
+#: Placements within this share of the best expected cost are equal: the score decides
+#: (it carries NIC/CPU locality and what the set takes from the node's future blocks).
+TIE = 0.02
+#: Jobs behind this one whose cost is counted, candidates they are counted for, releases
+#: per node looked ahead, jobs ahead considered: the decision's work is bounded.
+LOOKAHEAD = 2
+CANDIDATES = 3
+RELEASES = 4
+AHEAD = 8
+#: A running job past its expected run time is expected to run this share of its age
+#: again: run times are heavy-tailed (Philly p99/p50 ≈ 240, placement-models §3.2), so
+#: the longer a job has run, the longer it is likely to run on.
+TAIL_SHARE = 0.5
+
+
+@dataclass(frozen=True)
+class Running:
+    """A job holding devices: where, which, and when it is expected to end."""
+
+    node: str
+    devices: frozenset[str]
+    expected_end: float
+
+
+@dataclass(frozen=True)
+class Queued:
+    """A waiting job: its request and expected run time at the best placement."""
+
+    req: Request
+    expected_run: float
+
+
+@dataclass(frozen=True)
+class Choice:
+    placement: ClusterPlacement | None
+    """None: wait."""
+    expected_completion: float
+    """Seconds from now (wait + expected run)."""
+    wait_node: str | None = None
+    """The node waited for (None when placing, or when nothing fits)."""
+    wait_until: float | None = None
+    """When that node is expected to have the devices."""
+    reason: str = ""
+
+
+@dataclass
+class Context:
+    """What a decision may read: the cluster, what is in use, what runs, and the queue."""
+
+    nodes: Sequence[NodeTopology]
+    occ: Occupancy
+    now: float
+    running: Sequence[Running] = ()
+    ahead: Sequence[Queued] = ()
+    behind: Sequence[Queued] = ()
+    future: Sequence[tuple[Queued, float]] = ()
+    """Jobs still to come: a representative of each shape, with its arrival rate (/s)."""
+    _by_name: dict[str, NodeTopology] = field(default_factory=dict)
+    _memo: dict[tuple[object, ...], dict[str, float]] = field(default_factory=dict)
+    _on: dict[str, list[Running]] | None = None
+
+    def running_on(self, name: str) -> list[Running]:
+        if self._on is None:
+            self._on = {}
+            for r in self.running:
+                self._on.setdefault(r.node, []).append(r)
+        return self._on.get(name, [])
+
+    def node(self, name: str) -> NodeTopology:
+        if not self._by_name:
+            self._by_name = {t.name: t for t in self.nodes}
+        return self._by_name[name]
+
+
+def deadline(arrival: float, expected_run: float) -> float:
+    """The latest time a job may still wait for a better placement."""
+    return arrival + WAIT_BOUND * expected_run
+
+
+def expected_remaining(expected_run: float, age: float) -> float:
+    """Expected remaining run time of a job that has run ``age`` seconds."""
+    return max(expected_run - age, TAIL_SHARE * age, 1.0)
+
+
+# ------------------------------------------------------------------ run-time of a placement
+
+
+def placement_busbw(ctx: Context, cp: ClusterPlacement) -> float:
+    """The job's collective busbw: one node's ring, one NVLink domain's crossbar, or the
+    slowest pod's network path."""
+    pods = cp.pods
+    if len(pods) == 1:
+        t = ctx.node(pods[0].node)
+        return set_busbw(t, [t.gpu(v) for v in pods[0].gpus])
+    gpus = [ctx.node(p.node).gpu(v) for p in pods for v in p.gpus]
+    domains = {g.nvlink_domain or "" for g in gpus}
+    if len(domains) == 1 and next(iter(domains)).startswith("clique:"):
+        return min(g.nvswitch_gbps for g in gpus)
+    return min(pod_network_gbps(ctx.node(p.node), p) for p in pods)
+
+
+def pod_nic_gbps(t: NodeTopology, p: Placement) -> float | None:
+    """The slowest GPU's bandwidth to the pod's own NICs (each GPU on its closest, paired
+    optimally as NCCL would use them), or None for a pod without NICs."""
+    if not p.nics or not p.gpus:
+        return None
+    gpus = [t.gpu(v) for v in p.gpus]
+    nics = [n for n in t.nics if n.vid in p.nics]
+    per = max(1, len(nics) // len(gpus))
+    pairs = assign_nics(t, gpus, nics, per) or []
+    got: dict[str, float] = {}
+    for g, n in pairs:
+        got[g.vid] = got.get(g.vid, 0.0) + nic_gbps(t, g, n)
+    return min(got.values()) if len(got) == len(gpus) else None
+
+
+def placement_nic_gbps(ctx: Context, cp: ClusterPlacement) -> float | None:
+    found = [pod_nic_gbps(ctx.node(p.node), p) for p in cp.pods]
+    vals = [v for v in found if v is not None]
+    return min(vals) if vals else None
+
+
+def memory_sharing(t: NodeTopology, occ: Occupancy, p: Placement) -> float:
+    """Memory-bound GPUs beside the pod's GPUs: behind the same PCIe switch (1 each) or only
+    the same root complex (½ each); the worst GPU's figure."""
+    busy = occ.busy_memory(t.pool) - set(p.devices)
+    if not busy:
+        return 0.0
+    others = [g for g in t.gpus if g.dra_device in busy]
+    worst = 0.0
+    for v in p.gpus:
+        g = t.gpu(v)
+        sw = sum(1 for o in others if o.switch == g.switch)
+        root = sum(1 for o in others if o.pcie_root == g.pcie_root and o.switch != g.switch)
+        worst = max(worst, sw + 0.5 * root)
+    return worst
+
+
+_REFERENCE: dict[tuple[tuple[str, ...], tuple[object, ...]], tuple[float, float | None]] = {}
+
+
+def reference(ctx: Context, req: Request) -> tuple[float, float | None]:
+    """(busbw, NIC path) of the best placement of ``req`` the cluster offers when empty:
+    the yardstick a placement's stretch is measured against."""
+    sig = ctx._memo.get(("signatures",))
+    if sig is None:
+        sig = ctx._memo[("signatures",)] = {s: 0.0 for s in sorted(t.signature for t in ctx.nodes)}
+    key = (tuple(sig), req.key())
+    hit = _REFERENCE.get(key)
+    if hit is None:
+        empty = Context(ctx.nodes, Occupancy(), 0.0)
+        found = place(ctx.nodes, empty.occ, req, top=50)
+        bws = [placement_busbw(empty, c) for c in found]
+        nics = [n for c in found if (n := placement_nic_gbps(empty, c)) is not None]
+        hit = (max(bws, default=0.0), max(nics) if nics else None)
+        if len(_REFERENCE) > 10_000:
+            _REFERENCE.clear()
+        _REFERENCE[key] = hit
+    return hit
+
+
+def placement_stretch(ctx: Context, req: Request, cp: ClusterPlacement, occ: Occupancy) -> float:
+    """Expected run time on ``cp`` ÷ run time on the cluster's best placement for ``req``,
+    with the memory-bound work in ``occ`` beside it."""
+    best_bw, best_nic = reference(ctx, req)
+    share = 0.0
+    if req.bound == "memory" or req.pattern == "inference-decode":
+        share = max(memory_sharing(ctx.node(p.node), occ, p) for p in cp.pods)
+    # The bandwidths depend on the pods' devices and their nodes' layouts only.
+    key = tuple((ctx.node(p.node).signature, p.gpus, p.nics) for p in cp.pods)
+    bws = _BANDWIDTHS.get(key)
+    if bws is None:
+        if len(_BANDWIDTHS) > 100_000:
+            _BANDWIDTHS.clear()
+        bws = _BANDWIDTHS[key] = (placement_busbw(ctx, cp), placement_nic_gbps(ctx, cp))
+    return stretch(
+        req.pattern,
+        req.gpus,
+        bws[0],
+        best_bw,
+        bws[1] if req.nics_per_gpu else None,
+        best_nic if req.nics_per_gpu else None,
+        share,
+    )
+
+
+_BANDWIDTHS: dict[
+    tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...], tuple[float, float | None]
+] = {}
+
+
+# ------------------------------------------------------------------ options
+
+
+def _per_node(found: Sequence[ClusterPlacement]) -> list[ClusterPlacement]:
+    """The best placement per first node (place() ranks all of them together)."""
+    seen: set[str] = set()
+    out = []
+    for c in found:
+        if c.pods[0].node not in seen:
+            seen.add(c.pods[0].node)
+            out.append(c)
+    return out
+
+
+def options_now(
+    ctx: Context, req: Request, occ: Occupancy | None = None, only: set[str] | None = None
+) -> list[ClusterPlacement]:
+    """The best placement per node (``only``: on those nodes). A job that fits in a node
+    is searched node by node (the cluster-wide whole-node and domain charges of
+    ``search.place`` only re-rank nodes, which the expected completion does here); a
+    larger one through ``place``."""
+    occ = occ if occ is not None else ctx.occ
+    if req.gpus > max((len(t.gpus) for t in ctx.nodes), default=0):
+        return _per_node(place(ctx.nodes, occ, req, top=4 * len(ctx.nodes)))
+    states = {t.name: NodeState(t, occ, req) for t in ctx.nodes if node_eligible(t, req)}
+    out = []
+    for t in ctx.nodes:
+        st = states.get(t.name)
+        if st is None or (only is not None and t.name not in only):
+            continue
+        found = node_placements(t, occ, req, 1, state=st)
+        if found:
+            out.append(ClusterPlacement((found[0],), found[0].score))
+    # the same cluster-wide charges as search.place (they break ties between nodes)
+    return cluster_adjusted(out, ctx.nodes, states, req)
+
+
+def best_cost_now(
+    ctx: Context, job: Queued, occ: Occupancy, memo: dict[str, float] | None = None
+) -> float | None:
+    """The least expected run of ``job`` over what is free in ``occ``, or None. With
+    ``memo`` (node → stretch on ``ctx.occ``), only the nodes ``occ`` changed are searched."""
+    if memo is not None and job.req.gpus <= max(len(t.gpus) for t in ctx.nodes):
+        changed = {t.name for t in ctx.nodes if occ.used(t.pool) != ctx.occ.used(t.pool)}
+        per = {n: v for n, v in memo.items() if n not in changed}
+        for c in options_now(ctx, job.req, occ, changed):
+            per[c.pods[0].node] = placement_stretch(ctx, job.req, c, occ)
+        return job.expected_run * min(per.values()) if per else None
+    found = options_now(ctx, job.req, occ)
+    if not found:
+        return None
+    return job.expected_run * min(placement_stretch(ctx, job.req, c, occ) for c in found)
+
+
+def _with(occ: Occupancy, cp: ClusterPlacement, ctx: Context, memory: bool) -> Occupancy:
+    allocated = {k: set(v) for k, v in occ.allocated.items()}
+    busy = {k: set(v) for k, v in occ.memory_bound.items()}
+    for p in cp.pods:
+        pool = ctx.node(p.node).pool
+        allocated.setdefault(pool, set()).update(p.devices)
+        if memory:
+            busy.setdefault(pool, set()).update(p.devices)
+    return Occupancy(allocated, busy)
+
+
+def _without(occ: Occupancy, pool: str, devices: frozenset[str]) -> Occupancy:
+    allocated = dict(occ.allocated)
+    allocated[pool] = occ.used(pool) - devices
+    busy = dict(occ.memory_bound)
+    if pool in busy:
+        busy[pool] = busy[pool] - devices
+    return Occupancy(allocated, busy)
+
+
+def queue_cost(ctx: Context, cp: ClusterPlacement, memory: bool) -> float:
+    """Seconds the next ``LOOKAHEAD`` queued jobs lose if ``cp`` is taken: each one's best
+    expected run with those devices gone minus without; a job that would no longer fit
+    loses the time until the soonest expected release."""
+    if not ctx.behind:
+        return 0.0
+    after = _with(ctx.occ, cp, ctx, memory)
+    soonest = min((r.expected_end - ctx.now for r in ctx.running), default=0.0)
+    total = 0.0
+    largest = max((len(t.gpus) for t in ctx.nodes), default=0)
+    for job in ctx.behind[:LOOKAHEAD]:
+        if job.req.gpus > largest:
+            continue  # a multi-node job's search spans the cluster: not counted here
+        memo = _node_stretches(ctx, job.req, ctx.occ)
+        before = job.expected_run * min(memo.values()) if memo else None
+        if before is None:
+            continue
+        later = best_cost_now(ctx, job, after, memo)
+        total += max(0.0, soonest) if later is None else max(0.0, later - before)
+    return total
+
+
+def _node_stretches(ctx: Context, req: Request, occ: Occupancy) -> dict[str, float]:
+    """Node → the stretch of ``req``'s best placement there (nodes where it fits now);
+    memoized on the context for ``ctx.occ`` (one decision)."""
+    if occ is not ctx.occ:
+        return {
+            c.pods[0].node: placement_stretch(ctx, req, c, occ) for c in options_now(ctx, req, occ)
+        }
+    key = req.key()
+    hit = ctx._memo.get(key)
+    if hit is None:
+        hit = ctx._memo[key] = _node_stretches(ctx, req, Occupancy(occ.allocated, occ.memory_bound))
+    return hit
+
+
+_HARDWARE: dict[tuple[str, tuple[object, ...]], float | None] = {}
+
+
+def hardware_stretch(ctx: Context, t: NodeTopology, req: Request) -> float | None:
+    """The stretch of ``req``'s best placement on ``t`` when ``t`` is empty (None: never
+    fits there)."""
+    key = (t.signature, req.key())
+    if key not in _HARDWARE:
+        found = node_placements(t, Occupancy(), req, 1)
+        _HARDWARE[key] = (
+            placement_stretch(ctx, req, ClusterPlacement((found[0],), 0.0), Occupancy())
+            if found
+            else None
+        )
+    return _HARDWARE[key]
+
+
+def _fit_time(
+    ctx: Context, t: NodeTopology, req: Request, held: tuple[frozenset[str], float] | None
+) -> float:
+    """When ``req`` is expected to fit on ``t`` by count (GPUs, NICs), from what runs there
+    (and ``held``: devices kept until a time)."""
+    gpu_devs = {g.dra_device for g in t.gpus}
+    used = set(ctx.occ.used(t.pool))
+    ends = [(r.expected_end, r.devices) for r in ctx.running_on(t.name)]
+    if held is not None:
+        used |= held[0]
+        ends.append((held[1], held[0]))
+    need_nics = req.gpus * req.nics_per_gpu
+
+    def fits(u: set[str]) -> bool:
+        g = len(gpu_devs - u)
+        return g >= req.gpus and len(t.nics) - len(u - gpu_devs) >= need_nics
+
+    if fits(used):
+        return ctx.now
+    for end, devs in sorted(ends, key=lambda x: x[0]):
+        used -= devs
+        if fits(used):
+            return max(end, ctx.now)
+    return ctx.now
+
+
+def _utilisation(ctx: Context) -> float:
+    """The share of the cluster's GPUs in use (memoized on the context)."""
+    hit = ctx._memo.get(("utilisation",))
+    if hit is None:
+        total = sum(len(n.gpus) for n in ctx.nodes) or 1
+        used = sum(len(ctx.occ.used(n.pool) & {g.dra_device for g in n.gpus}) for n in ctx.nodes)
+        hit = ctx._memo[("utilisation",)] = {"": used / total}
+    return hit[""]
+
+
+def future_cost(
+    ctx: Context, req: Request, cp: ClusterPlacement, own_run: float, memory: bool
+) -> float:
+    """Seconds the jobs still to come lose while ``cp`` holds its devices for ``own_run``
+    — the fragmentation term, in seconds. For each larger shape whose best class of
+    hardware this node is: how much later the node can take such a job with ``cp`` on it
+    than without (``extension``); the arrivals expected meanwhile (rate × extension), the
+    share of them that find every other such node busy too (utilisation ^ those free now),
+    each waiting about half of the extension or running slower on the next class, whichever
+    costs less."""
+    if not ctx.future or len(cp.pods) != 1:
+        return 0.0
+    t = ctx.node(cp.pods[0].node)
+    held = (frozenset(cp.pods[0].devices), ctx.now + own_run)
+    util = _utilisation(ctx)
+    total = 0.0
+    for q, rate in ctx.future:
+        if q.req.gpus <= req.gpus:
+            continue
+        hw = {n.name: hardware_stretch(ctx, n, q.req) for n in ctx.nodes}
+        known = [v for v in hw.values() if v is not None]
+        mine = hw.get(t.name)
+        if mine is None or not known:
+            continue
+        best = min(known)
+        if mine > best * (1.0 + TIE):
+            continue
+        extension = _fit_time(ctx, t, q.req, held) - _fit_time(ctx, t, q.req, None)
+        if extension <= 0:
+            continue
+        fit_at = [
+            _fit_time(ctx, n, q.req, None)
+            for n in ctx.nodes
+            if n.name != t.name and (v := hw[n.name]) is not None and v <= best * (1.0 + TIE)
+        ]
+        others = [x for x in fit_at if x <= ctx.now]
+        rest = [v for v in known if v > best * (1.0 + TIE)]
+        delay = extension / 2.0
+        if fit_at and not others:
+            # blocked arrivals wait at most until another node of the class frees
+            delay = min(delay, min(fit_at) - ctx.now)
+        if rest:
+            delay = min(delay, q.expected_run * (min(rest) - best))
+        total += rate * extension * delay * util ** len(others)
+    return total
+
+
+def _wait_options(
+    ctx: Context, req: Request, expected_run: float, beat: float
+) -> list[tuple[float, float, str]]:
+    """(expected completion, expected start, node) of waiting for each node whose placement
+    after its next releases is expected to complete sooner than ``beat`` (seconds)."""
+    if req.gpus > max((len(t.gpus) for t in ctx.nodes), default=0):
+        return []
+    out = []
+    for t in ctx.nodes:
+        if len(t.gpus) < req.gpus or len(t.nics) < req.gpus * req.nics_per_gpu:
+            continue
+        releases = sorted(ctx.running_on(t.name), key=lambda r: r.expected_end)[:RELEASES]
+        occ = ctx.occ
+        for r in releases:
+            start = max(r.expected_end, ctx.now)
+            if start - ctx.now >= beat:
+                break
+            occ = _without(occ, t.pool, r.devices)
+            found = node_placements(t, occ, req, 1)
+            if not found:
+                continue
+            cp = ClusterPlacement((found[0],), found[0].score)
+            s = placement_stretch(ctx, req, cp, occ)
+            # A job ahead in the queue that fits the freed devices is served first.
+            free_gpus = len(t.gpus) - len([d for d in occ.used(t.pool) if d.startswith("gpu")])
+            for a in ctx.ahead[:AHEAD]:
+                if a.req.gpus <= free_gpus and node_placements(t, occ, a.req, 1):
+                    start += a.expected_run
+                    break
+            done = start - ctx.now + expected_run * s
+            if done < beat:
+                out.append((done, start, t.name))
+            break
+    return sorted(out)
+
+
+def decide(ctx: Context, req: Request, expected_run: float, wait_deadline: float) -> Choice:
+    """The placement of ``req`` with the least expected completion (plus what it costs the
+    next queued jobs), or a wait for a better node while ``ctx.now`` < ``wait_deadline``."""
+    memory = req.bound == "memory"
+    found = options_now(ctx, req)
+    scored = []
+    for c in found:
+        run = expected_run * placement_stretch(ctx, req, c, ctx.occ)
+        scored.append((run, c))
+    scored.sort(key=lambda x: x[0])
+    ranked = []
+    for run, c in scored[:CANDIDATES]:
+        extra = queue_cost(ctx, c, memory) + future_cost(ctx, req, c, run, memory)
+        ranked.append((run + extra, run, c))
+    ranked += [(run, run, c) for run, c in scored[CANDIDATES:]]
+    best_now = min((x[0] for x in ranked), default=None)
+    can_wait = ctx.now < wait_deadline
+    if best_now is None:
+        return Choice(None, float("inf"), reason="no placement fits the free devices")
+    if can_wait:
+        waits = _wait_options(ctx, req, expected_run, best_now * (1.0 - WAIT_MARGIN))
+        waits = [w for w in waits if w[1] <= wait_deadline]
+        if waits:
+            done, start, node = waits[0]
+            return Choice(
+                None,
+                done,
+                node,
+                start,
+                f"waiting for {node} (expected free in {start - ctx.now:.0f} s, completion "
+                f"{done:.0f} s vs {best_now:.0f} s now)",
+            )
+    # Equal costs (within TIE): the best score wins.
+    near = [x for x in ranked if x[0] <= best_now * (1.0 + TIE) + 1e-9]
+    _, run, c = max(near, key=lambda x: (round(x[2].score, 9), -x[0]))
+    return Choice(c, run, reason=f"expected run {run:.0f} s")
+
+
+# ------------------------------------------------------------------ Kubernetes: the filter
+
+
+def wait_filter(
+    stretches: dict[str, float],
+    possible: dict[str, float],
+    expected_run: float,
+    waited: float,
+) -> dict[str, str]:
+    """Nodes to keep a pod off for now, with the reason (an extender's ``FailedNodes``).
+
+    ``stretches``: node → the run-time stretch of the pod's best placement there now (nodes
+    where it fits); ``possible``: node → the stretch its hardware offers when the devices
+    free (every candidate node, free or not); ``waited``: seconds since the pod was
+    created. Without the remaining time of what runs on the better nodes, the wait is
+    taken at its worst — the rest of the bound: a node is refused only while even waiting
+    all of it for the best hardware completes sooner than running here now. Past the
+    bound nothing is refused, so no pod waits longer than ``WAIT_BOUND`` × its run time."""
+    bound = WAIT_BOUND * expected_run
+    left = bound - waited
+    if left <= 0 or not stretches or not possible:
+        return {}
+    best_node, best = min(possible.items(), key=lambda x: (x[1], x[0]))
+    if best_node in stretches and stretches[best_node] <= best * (1.0 + TIE):
+        return {}
+    refused = {}
+    for node, s in stretches.items():
+        now = expected_run * s
+        later = left + expected_run * best
+        if later < now * (1.0 - WAIT_MARGIN):
+            refused[node] = (
+                f"waiting up to {left:.0f} s more for a faster placement: x{s:.2f} run time "
+                f"here, x{best:.2f} on {best_node} (bound {bound:.0f} s = "
+                f"{WAIT_BOUND:g} x expected run {expected_run:.0f} s)"
+            )
+    return refused
+
+
+def filter_waits(
+    topos: Sequence[NodeTopology],
+    fits: set[str],
+    occ: Occupancy,
+    req: Request,
+    expected_run: float,
+    waited: float,
+) -> dict[str, str]:
+    """``wait_filter`` over node topologies: ``fits`` names the nodes where ``req`` fits
+    now; every node of ``topos`` offers its hardware's best (the yardstick is the best of
+    these nodes, not of the whole cluster)."""
+    ctx = Context(topos, occ, 0.0)
+    stretches: dict[str, float] = {}
+    possible: dict[str, float] = {}
+    for t in topos:
+        hw = hardware_stretch(ctx, t, req)
+        if hw is not None:
+            possible[t.name] = hw
+        if t.name in fits:
+            found = node_placements(t, occ, req, 1)
+            if found:
+                cp = ClusterPlacement((found[0],), found[0].score)
+                stretches[t.name] = placement_stretch(ctx, req, cp, occ)
+    return wait_filter(stretches, possible, expected_run, waited)
