@@ -377,7 +377,7 @@ def test_flags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ConfigError, match="unknown version 'v2'"):
         config(tmp_path, ["--device-metadata-versions", "v2"])
     with pytest.raises(ConfigError, match="must start with a letter"):
-        config(tmp_path, ["--driver-name", "1gpu.example.com"])
+        config(tmp_path, ["--driver", "1gpu.example.com"])
     config(tmp_path, ["--driver-name", "1gpu.example.com", "--no-device-metadata"])
     monkeypatch.setenv("DEVICE_METADATA", "false")
     monkeypatch.setenv("DEVICE_METADATA_VERSIONS", "v1beta1")
