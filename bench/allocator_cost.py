@@ -120,7 +120,7 @@ def search_cost(
         if cost.tries > MAX_TRIES:
             raise _Cap
         base = name.split("/", 1)[0]
-        done = []
+        done: list[int] = []
         for ci, (refs, attr, distinct) in enumerate(cons):
             if name not in refs and base not in refs:
                 continue
@@ -192,7 +192,7 @@ def scenarios() -> list[tuple[str, list[dict[str, Any]], set[str]]]:
     (the 90 %-full cluster's partly free nodes), the free ones drawn at random."""
     slices = node_slices([(m, m) for m in MACHINES])
     rng = random.Random(22)
-    out = []
+    out: list[tuple[str, list[dict[str, Any]], set[str]]] = []
     for m in MACHINES:
         gpus = gpu_names(slices[m])
         out.append((f"{m} free", slices[m], set()))
