@@ -334,9 +334,8 @@ def device_names(inv: Inventory, opts: NormalizeOptions | None = None) -> dict[s
 def build_devices(
     inv: Inventory, opts: NormalizeOptions | None = None, plan: PoolPlan | None = None
 ) -> list[Device]:
-    """All devices of the pool: GPUs by bus id, then NICs by bus id, then CPU groups
-    (by NUMA node). Names are unique within the pool (``plan``: the pool plan, when the
-    caller already has it)."""
+    """All devices of the pool in :func:`allocation_order`. Names are unique within the
+    pool (``plan``: the pool plan, when the caller already has it)."""
     return build_devices_reported(inv, opts, plan)[0]
 
 
@@ -360,4 +359,57 @@ def build_devices_reported(
             if entry.name != group.name:
                 group = replace(group, name=entry.name)
             out.append(cpu_device(inv, group, opts, dropped))
-    return out, dropped
+    return allocation_order(out), dropped
+
+
+def _value(dev: Device, key: str) -> Any:
+    attr = dev["attributes"].get(key) or {}
+    for kind in ("string", "int"):
+        if kind in attr:
+            return attr[kind]
+    ints = attr.get("ints") or attr.get("list") or []
+    return ints[0] if isinstance(ints, list) and ints else None
+
+
+def allocation_order(devices: list[Device]) -> list[Device]:
+    """The order devices are published in, which is the order the scheduler's first-fit
+    allocator tries them (docs/performance.md#claims-at-cluster-size): NUMA node by NUMA
+    node (in the order the GPUs, then the NICs, then the CPU groups name them; devices
+    without a NUMA node last), and in each, every GPU (bus-id order) followed by the NICs
+    of its closest-NIC group (``nicAffinity``), then the node's other NICs, then its CPU
+    groups. Every device a request skips costs the allocator a CEL evaluation, and one it
+    already took costs nothing: with each GPU's NICs right behind it, the NIC request of
+    a GPU+NIC pair finds its NIC at the first device it evaluates; with the CPU group
+    behind its NUMA node's devices, a CPU request after GPUs of that node is a few
+    devices away. GPUs keep their bus-id order, so plain GPU counts pick the same GPUs."""
+    kinds = {"gpu": 0, "nic": 1, "cpu": 2}
+    by_kind: list[list[Device]] = [[], [], []]
+    rest: list[Device] = []
+    for d in devices:
+        k = kinds.get(str(_value(d, an.TYPE)))
+        (by_kind[k] if k is not None else rest).append(d)
+    gpus, nics, cpus = by_kind
+    blocks: list[Any] = []
+    for d in gpus + nics + cpus:
+        numa = _value(d, an.NUMA_NODE)
+        if numa is not None and numa not in blocks:
+            blocks.append(numa)
+    blocks.append(None)
+    out: list[Device] = []
+    placed: set[int] = set()
+    for block in blocks:
+        for g in gpus:
+            if _value(g, an.NUMA_NODE) != block:
+                continue
+            out.append(g)
+            group = _value(g, an.NIC_AFFINITY)
+            for n in nics if group is not None else ():
+                if id(n) not in placed and _value(n, an.NIC_AFFINITY) == group:
+                    out.append(n)
+                    placed.add(id(n))
+        for n in nics:
+            if id(n) not in placed and _value(n, an.NUMA_NODE) == block:
+                out.append(n)
+                placed.add(id(n))
+        out += [c for c in cpus if _value(c, an.NUMA_NODE) == block]
+    return out + rest

@@ -72,16 +72,20 @@ def pod_claim_spec(topo: NodeTopology, req: Request, p: Placement, pin: bool) ->
     paired = per > 0 and 2 * len(gpus) + (1 if cpus else 0) <= MAX_REQUESTS
     if paired:
         pairs = assign_nics(topo, gpus, nics, per) or []
+        nic_requests: list[dict[str, Any]] = []
+        # Every GPU request before the NICs: a node with too few free GPUs fails before
+        # the allocator evaluates a NIC (docs/performance.md#claims-at-cluster-size).
         for i, g in enumerate(sorted(gpus, key=lambda x: x.bus_id)):
             mine = [n for gg, n in pairs if gg.vid == g.vid]
             gname, nname = f"gpu-{i}", f"nic-{i}"
             requests.append({"name": gname, "exactly": _exact(_cls("gpu", driver), 1, gsel + gpin)})
-            requests.append({"name": nname, "exactly": _exact(_cls("nic", driver), per, npin)})
+            nic_requests.append({"name": nname, "exactly": _exact(_cls("nic", driver), per, npin)})
             gpu_reqs.append(gname)
             nic_reqs.append(nname)
             attr = pair_attribute(driver, g, mine)
             if attr:
                 constraints.append({"requests": [gname, nname], "matchAttribute": attr})
+        requests += nic_requests
     else:
         requests.append(
             {"name": "gpu", "exactly": _exact(_cls("gpu", driver), len(gpus), gsel + gpin)}
@@ -207,11 +211,8 @@ def ladder_spec_for(
     attrs = {g.vid: pair_attribute(topo.driver, g, mine[g.vid]) for g in gpus}
     tight = [f"{STD}/pcieRoot", f"{topo.driver}/nicAffinity", f"{STD}/numaNode", None]
     order = sorted(gpus, key=lambda g: (tight.index(attrs[g.vid]), g.bus_id))
-    drop = set()
-    if all(g.nvlink_domain is None for g in gpus):
-        drop.add("nvlink")
-    if not any(g.attrs.get("xgmi_hive_id") for g in topo.gpus):
-        drop.add("xgmi")
+    # A paired rung no GPU of the choice can take (no closest NIC: GB200) is left out.
+    drop = set() if all(g.nic_affinity for g in gpus) else {"paired"}
     cpu_sel: list[str] = []
     if cpus:
         cpu_sel.append(_in(STD, "numaNode", sorted({c.numa for c in cpus if c.numa is not None})))

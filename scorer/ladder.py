@@ -1,56 +1,54 @@
 """Claim ladders: soft topology through ``firstAvailable`` prioritized lists.
 
 A hard claim pins one device set; when that set is taken between scoring and allocation the
-pod waits. A ladder lists the topology classes best first, each as a sub-request, so the
-stock scheduler allocates the best class that is free at that moment: the allocator tries
+pod waits. A ladder lists topology classes best first, each as a sub-request, so the stock
+scheduler allocates the best class that is free at that moment: the allocator tries
 sub-requests in order (backtracking across requests), and since Kubernetes 1.35 the
 scheduler also prefers the node whose allocation uses the best-ranked sub-requests
 (:func:`prioritized_score`).
 
+The rungs are few on purpose. kube-scheduler runs the allocator on every node it filters,
+and its cost is CEL evaluations: each sub-request evaluates its selectors on every free
+device it passes, once per node, so a rung that cannot match on a node is a full scan of
+that node's devices, and on a node too full for the claim every rung of the request that
+fails is one (docs/performance.md#claims-at-cluster-size). Rungs that only ever matched the
+whole node (``nvlinkDomain`` on NVSwitch boards and GB200 trays, ``xgmiHive`` on MI300X)
+or never (a second NVLink or hive rung, ``pcieSwitch`` for 4+ GPUs) paid that scan on
+every node of the other kinds; they are gone, and each GPU's NIC is paired by the one
+attribute that names it on every machine, ``toposlice.dev/nicAffinity``.
+
 Without NICs, one request ``gpus`` with ``count`` N in every rung:
 
-====== =========================================================================
+====== ==============================================================
 rung   the N GPUs share
-====== =========================================================================
-nvlink ``toposlice.dev/nvlinkDomain`` (one NVSwitch board / NVLink rack)
-xgmi   ``toposlice.dev/xgmiHive`` (one xGMI mesh)
-switch ``toposlice.dev/pcieSwitch``
-root   ``resource.kubernetes.io/pcieRoot``
-numa   ``resource.kubernetes.io/numaNode``
+====== ==============================================================
+numa   ``resource.kubernetes.io/numaNode`` (one socket; N > 1 only)
 any    nothing (plain count)
-====== =========================================================================
+====== ==============================================================
 
-A single GPU without NICs asks first for a GPU outside any NVLink domain or xGMI hive
-(``pcie``), then ``any``: it should not break a block a multi-GPU job needs.
+With NICs, one request ``gpu-i`` per GPU (all GPU requests first, so a node with too few
+free GPUs fails before any NIC is looked at), then one ``nic-i`` per GPU (sub-requests
+``paired`` then ``unpaired``, ``nicsPerGpu`` NICs each):
 
-With NICs, one ``gpu-i`` / ``nic-i`` request pair per GPU. ``gpu-i`` has the rungs below;
-``nic-i`` has the sub-requests ``paired`` then ``unpaired`` (``nicsPerGpu`` NICs each).
-Constraints name sub-requests, so a constraint binds only when that rung is the one chosen:
-
-======== ==================================== ==========================================
-rung     the GPUs of this rung share          GPU i and ``nic-i/paired`` share
-======== ==================================== ==========================================
-nvlink   ``nvlinkDomain``                     ``pcieRoot``
-xgmi     ``xgmiHive``                         ``toposlice.dev/nicAffinity``
-switch   ``pcieSwitch`` and ``numaNode``      —
-root     ``numaNode`` (with switch, socket)   ``pcieRoot``
-socket   ``numaNode`` (with switch, root)     —
-affinity —                                    ``nicAffinity``
-any      —                                    —
-======== ==================================== ==========================================
+======== ================================================================================
+rung     GPU i
+======== ================================================================================
+paired   with ``nic-i/paired`` in its own closest-NIC group (``nicAffinity`` equal), the
+         paired GPUs in distinct groups (``distinctAttribute: nicAffinity``)
+any      anything, with ``nic-i/unpaired``
+======== ================================================================================
 
 A paired rung may not take ``nic-i/unpaired`` (a constraint ``matchAttribute:
-toposlice.dev/type`` over the paired GPU rungs and ``nic-i/unpaired``: a GPU and a NIC never
+toposlice.dev/type`` over ``gpu-i/paired`` and ``nic-i/unpaired``: a GPU and a NIC never
 share a type, and that constraint binds nothing else), so the allocator tries every GPU of
-a paired rung before it drops to a looser one. ``nic-i/paired`` needs a NIC with
-``pcieRoot`` and ``nicAffinity`` (one close to some GPU); a machine without such NICs
-(GB200 trays) still gets its GPUs and NICs through the unpaired rungs.
-
-Per pair that is 1 + the pair attributes in use constraints, plus 4 set constraints and one
-for CPUs: all rungs up to 9 pairs (32 constraints); 10..13 pairs drop the ``nicAffinity``
-rungs; beyond that (or above 16 GPUs: 32 requests) the count ladder with a ``nics`` request.
-With a chosen placement (``--emit-claim``), ``gpu-i/chosen`` (that GPU, pinned by
-``pciBusID``) and ``nic-i/chosen`` come first.
+the paired rung before it drops to ``any``. Machines without close NICs (GB200 trays) get
+their GPUs and NICs through ``any``. Since the slices list each GPU's group NICs right
+behind it (normalize.devices.allocation_order), a paired NIC request finds its NIC at the
+first device it evaluates. Per pair that is two constraints, plus one ``distinctAttribute``
+and one for CPUs: up to 15 pairs; above that (or above 16 GPUs: 32 requests) the count
+ladder with a ``nics`` request. With a chosen placement (``--emit-claim``), ``gpu-i/chosen``
+(that GPU, pinned by ``pciBusID``) and ``nic-i/chosen`` come first, tied by the attribute
+the chosen pair shares.
 """
 
 from __future__ import annotations
@@ -71,27 +69,11 @@ MAX_REQUESTS = 32
 MAX_CONSTRAINTS = 32
 MAX_CONSTRAINT_REFS = 32
 
-SET_RUNGS: tuple[tuple[str, str | None], ...] = (
-    ("nvlink", "nvlinkDomain"),
-    ("xgmi", "xgmiHive"),
-    ("switch", "pcieSwitch"),
-    ("root", PCIE_ROOT),
-    ("numa", NUMA_NODE),
-    ("any", None),
-)
-PAIR_RUNGS = ("nvlink", "xgmi", "switch", "root", "socket", "affinity", "any")
-#: The attribute a GPU of each paired rung shares with its NICs.
-PAIR_ATTRIBUTE: dict[str, str | None] = {
-    "nvlink": PCIE_ROOT,
-    "xgmi": "nicAffinity",
-    "switch": None,
-    "root": PCIE_ROOT,
-    "socket": None,
-    "affinity": "nicAffinity",
-    "any": None,
-}
-#: The attribute all GPUs of a paired rung share.
-SET_OF = {"nvlink": "nvlinkDomain", "xgmi": "xgmiHive", "switch": "pcieSwitch"}
+NIC_AFFINITY = "nicAffinity"
+#: Rungs of the count ladder (no NICs), with the attribute its GPUs share.
+SET_RUNGS: tuple[tuple[str, str | None], ...] = (("numa", NUMA_NODE), ("any", None))
+#: Rungs of each ``gpu-i`` of the paired ladder.
+PAIR_RUNGS = ("paired", "any")
 
 
 @dataclass(frozen=True)
@@ -126,13 +108,6 @@ def _exact(cls: str, count: int, selectors: Sequence[str] = ()) -> dict[str, Any
     return body
 
 
-def _no_fabric(driver: str) -> str:
-    return (
-        f'!("nvlinkDomain" in device.attributes["{driver}"]) && '
-        f'!("xgmiHive" in device.attributes["{driver}"])'
-    )
-
-
 def pin_expression(bus_ids: Sequence[str]) -> str:
     if len(bus_ids) == 1:
         return f'device.attributes["{STD}"].pciBusID == {json.dumps(bus_ids[0])}'
@@ -157,29 +132,23 @@ def ladder_spec(
     ncls = device_class_name("nic", driver)
     ccls = device_class_name("cpu", driver)
     drop = chosen.drop_rungs if chosen else frozenset()
+    affinity = qualified(driver, NIC_AFFINITY)
     requests: list[dict[str, Any]] = []
     constraints: list[dict[str, Any]] = []
-    pair_rungs = [r for r in PAIR_RUNGS if r not in drop]
-    # Constraints per pair: one per pair attribute in use, plus the one that keeps a paired
-    # GPU rung off the unpaired NIC sub-request; 4 set constraints; one for CPUs.
-    if nics_per_gpu and 3 * gpus + 5 > MAX_CONSTRAINTS:
-        pair_rungs = [r for r in pair_rungs if r not in ("xgmi", "affinity")]
-    if 3 * gpus > MAX_CONSTRAINT_REFS:  # the numaNode set names 3 rungs per GPU
-        pair_rungs = [r for r in pair_rungs if r != "socket"]
-    per_pair = 1 + len({PAIR_ATTRIBUTE[r] for r in pair_rungs} - {None})
-    paired = nics_per_gpu > 0 and 2 * gpus + (1 if cpu_groups else 0) <= MAX_REQUESTS
-    paired = paired and per_pair * gpus + 5 <= MAX_CONSTRAINTS
     numa_refs: list[str] = []
+    # Two constraints per pair (three when a chosen pair shares another attribute), one
+    # distinctAttribute over the paired GPUs, one for CPUs.
+    pair_constraints = 2 * gpus + (gpus if chosen else 0) + 1 + (1 if cpu_groups else 0)
+    paired = nics_per_gpu > 0 and 2 * gpus + (1 if cpu_groups else 0) <= MAX_REQUESTS
+    paired = paired and pair_constraints <= MAX_CONSTRAINTS and "paired" not in drop
     if paired:
-        budget = MAX_SUBREQUESTS - (1 if chosen else 0)
-        if len(pair_rungs) > budget:
-            pair_rungs = [*pair_rungs[: budget - 1], "any"]
-        sets: dict[str, list[str]] = {}
+        nic_requests: list[dict[str, Any]] = []
+        paired_gpus: list[str] = []
         for i in range(gpus):
             g, n = f"gpu-{i}", f"nic-{i}"
             subs = []
-            pair_refs: dict[str, list[str]] = {}
-            paired_rungs: list[str] = []
+            pair_refs: dict[str, list[str]] = {affinity: [f"{g}/paired"]}
+            forbid = [f"{g}/paired"]
             nic_pin = chosen.nic_bus_ids[i] if chosen and i < len(chosen.nic_bus_ids) else ()
             if chosen:
                 pin = pin_expression([chosen.gpu_bus_ids[i]])
@@ -187,26 +156,17 @@ def ladder_spec(
                 attr = chosen.pair_attribute[i] if i < len(chosen.pair_attribute) else None
                 if attr:
                     pair_refs.setdefault(attr, []).append(f"{g}/chosen")
-                    paired_rungs.append(f"{g}/chosen")
-            for rung in pair_rungs:
-                subs.append(_sub(rung, gcls, 1, gpu_selectors))
-                ref = f"{g}/{rung}"
-                attr = PAIR_ATTRIBUTE[rung]
-                if attr is not None:
-                    pair_refs.setdefault(qualified(driver, attr), []).append(ref)
-                    paired_rungs.append(ref)
-                if rung in SET_OF:
-                    sets.setdefault(qualified(driver, SET_OF[rung]), []).append(ref)
-                if rung in ("switch", "root", "socket"):
-                    sets.setdefault(NUMA_NODE, []).append(ref)
-                if i == 0 and rung in ("switch", "root", "socket"):
-                    numa_refs.append(ref)
+                    forbid.append(f"{g}/chosen")
+            subs += [_sub(rung, gcls, 1, gpu_selectors) for rung in PAIR_RUNGS]
+            paired_gpus.append(f"{g}/paired")
+            if i == 0:
+                numa_refs.append(f"{g}/paired")
             requests.append({"name": g, "firstAvailable": subs})
-            # nic-i: a NIC paired with gpu-i, else (only for an unpaired GPU rung) any NIC.
-            # Constraints name nic-i's sub-requests, never nic-i itself: a NIC that lacks a
-            # pair attribute (a GB200 NIC has no nicAffinity) stays usable unpaired.
+            # nic-i: a NIC paired with gpu-i, else (only for gpu-i/any) any NIC. The
+            # constraints name nic-i's sub-requests, never nic-i itself: a NIC without
+            # nicAffinity (no GPU's closest: GB200) stays usable unpaired.
             nsubs = []
-            nrefs = []
+            nrefs = [f"{n}/paired"]
             if nic_pin:
                 nsubs.append(_sub("chosen", ncls, nics_per_gpu, [pin_expression(nic_pin)]))
                 nrefs.append(f"{n}/chosen")
@@ -214,43 +174,29 @@ def ladder_spec(
                 _sub("paired", ncls, nics_per_gpu, []),
                 _sub("unpaired", ncls, nics_per_gpu, []),
             ]
-            nrefs.append(f"{n}/paired")
-            requests.append({"name": n, "firstAvailable": nsubs})
+            nic_requests.append({"name": n, "firstAvailable": nsubs})
             for attr, refs in pair_refs.items():
                 constraints.append({"requests": [*refs, *nrefs], "matchAttribute": attr})
-            if paired_rungs:
-                # A GPU and a NIC never share their `type`: this forbids the unpaired NIC
-                # together with a paired GPU rung, and binds nothing else.
-                constraints.append(
-                    {
-                        "requests": [*paired_rungs, f"{n}/unpaired"],
-                        "matchAttribute": qualified(driver, "type"),
-                    }
-                )
-        if gpus > 1:  # one GPU: a set constraint would only demand the attribute
-            for attr, refs in sets.items():
-                constraints.append({"requests": refs, "matchAttribute": attr})
+            # A GPU and a NIC never share their `type`: this forbids the unpaired NIC
+            # together with a paired GPU rung, and binds nothing else.
+            kind = qualified(driver, "type")
+            constraints.append({"requests": [*forbid, f"{n}/unpaired"], "matchAttribute": kind})
+        requests += nic_requests
+        if gpus > 1:  # each paired GPU in a group of its own: prunes before any NIC search
+            constraints.append({"requests": paired_gpus, "distinctAttribute": affinity})
     else:
         subs = []
         if chosen:
             subs.append(
                 _sub("chosen", gcls, gpus, [*gpu_selectors, pin_expression(chosen.gpu_bus_ids)])
             )
-        if gpus == 1:
-            if "pcie" not in drop:
-                subs.append(_sub("pcie", gcls, 1, [*gpu_selectors, _no_fabric(driver)]))
-            subs.append(_sub("any", gcls, 1, gpu_selectors))
-        else:
-            for rung, attr in SET_RUNGS:
-                if rung in drop:
-                    continue
-                subs.append(_sub(rung, gcls, gpus, gpu_selectors))
-                if attr is not None:
-                    constraints.append(
-                        {"requests": [f"gpus/{rung}"], "matchAttribute": qualified(driver, attr)}
-                    )
-                if rung == "numa":
-                    numa_refs.append(f"gpus/{rung}")
+        for rung, attr in SET_RUNGS:
+            if rung in drop or (attr is not None and gpus == 1):
+                continue  # one GPU: a set constraint would only demand the attribute
+            subs.append(_sub(rung, gcls, gpus, gpu_selectors))
+            if attr is not None:
+                constraints.append({"requests": [f"gpus/{rung}"], "matchAttribute": attr})
+                numa_refs.append(f"gpus/{rung}")
         requests.append({"name": "gpus", "firstAvailable": subs[:MAX_SUBREQUESTS]})
         if nics_per_gpu:
             requests.append({"name": "nics", "exactly": _exact(ncls, gpus * nics_per_gpu)})

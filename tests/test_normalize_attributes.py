@@ -199,10 +199,15 @@ def test_helpers() -> None:
 def test_device_order_and_budget() -> None:
     inv = gb200()
     devs = build_devices(inv)
-    kinds = [d["attributes"]["type"]["string"] for d in devs]
-    assert kinds == sorted(kinds, key=["gpu", "nic", "cpu"].index)
     gpu_names = [d["name"] for d in devs if d["name"].startswith("gpu-")]
     assert gpu_names == sorted(gpu_names)
+    # NUMA node by NUMA node, each node's CPU groups after its GPUs and NICs.
+    numa = "resource.kubernetes.io/numaNode"
+    blocks = [d["attributes"].get(numa, {}).get("int") for d in devs]
+    assert all(blocks.index(b) == i or blocks[i - 1] == b for i, b in enumerate(blocks))
+    for i, d in enumerate(devs):
+        if d["attributes"]["type"]["string"] == "cpu" and i + 1 < len(devs):
+            assert blocks[i + 1] != blocks[i]
     for d in devs:
         assert len(d["attributes"]) + len(d.get("capacity", {})) <= 32
 
@@ -238,3 +243,15 @@ def test_to_semver_refuses_non_ascii_digits() -> None:
     assert to_semver("\u00b2") is None
     assert to_semver("1.\u0663") is None  # ARABIC-INDIC DIGIT THREE
     assert to_semver("4.0") == "4.0.0"
+
+
+def test_each_gpu_is_followed_by_its_closest_nics() -> None:
+    """The first-fit allocator tries devices in slice order: a GPU's own NICs right behind
+    it make a GPU+NIC pair request find its NIC at the first device it evaluates."""
+    devs = build_devices(dgx())
+    names = [d["name"] for d in devs]
+    aff = [d["attributes"].get("nicAffinity", {}).get("string") for d in devs]
+    for i, d in enumerate(devs):
+        if d["attributes"]["type"]["string"] == "gpu" and aff[i] is not None:
+            group = [j for j, a in enumerate(aff) if a == aff[i] and j != i]
+            assert group and min(group) == i + 1, (names[i], [names[j] for j in group])

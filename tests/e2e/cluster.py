@@ -31,7 +31,7 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
@@ -274,8 +274,11 @@ class Cluster:
 
     COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
 
-    def __init__(self, dir: Path, assets: Path) -> None:
+    def __init__(
+        self, dir: Path, assets: Path, extra_args: Mapping[str, Sequence[str]] | None = None
+    ) -> None:
         self.dir = dir.resolve()
+        self.extra_args = {k: list(v) for k, v in (extra_args or {}).items()}
         self.assets = assets.resolve()
         self.bin = self.assets / "assets"
         self.pki = self.dir / "pki"
@@ -303,11 +306,19 @@ class Cluster:
     # ---- start / stop
 
     @classmethod
-    def start(cls, dir: Path, assets: Path | None = None) -> Cluster:
+    def start(
+        cls,
+        dir: Path,
+        assets: Path | None = None,
+        extra_args: Mapping[str, Sequence[str]] | None = None,
+    ) -> Cluster:
+        """Start every component; ``extra_args`` appends flags per component name (a later
+        flag wins, e.g. ``--controllers`` for a cluster of Node objects that no lifecycle
+        controller should mark NotReady)."""
         assets = assets or find_assets()
         if assets is None:
             raise RuntimeError(SKIP_REASON)
-        c = cls(dir, assets)
+        c = cls(dir, assets, extra_args)
         atexit.register(c.stop)
         try:
             c._start_all()
@@ -406,6 +417,8 @@ class Cluster:
             f"--secure-port={self.sched_port}",
             *common,
         ]
+        for name, extra in self.extra_args.items():
+            self._argv[name] = [*self._argv[name], *extra]
         for name in self.COMPONENTS:
             t0 = time.monotonic()
             self._launch(name)
@@ -544,6 +557,20 @@ class Cluster:
         self.kill("kube-apiserver")
         self._launch("kube-apiserver")
         self._wait_ready("kube-apiserver")
+
+    def restart_scheduler(self, extra_args: Sequence[str] = ()) -> None:
+        """Stop kube-scheduler (by PID) and start it again with the harness's flags plus
+        ``extra_args`` (replacing those given before)."""
+        self.kill("kube-scheduler")
+        base = [
+            a
+            for a in self._argv["kube-scheduler"]
+            if a not in self.extra_args.get("kube-scheduler", [])
+        ]
+        self.extra_args["kube-scheduler"] = list(extra_args)
+        self._argv["kube-scheduler"] = [*base, *extra_args]
+        self._launch("kube-scheduler")
+        self._wait_ready("kube-scheduler")
 
     def restart_etcd(self) -> None:
         """Stop etcd (SIGTERM, by PID) and start it again on the same data; returns when

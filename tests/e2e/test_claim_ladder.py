@@ -150,14 +150,26 @@ def _pinned(buses: list[str]) -> dict[str, Any]:
 def test_scheduler_prefers_the_node_with_the_best_rungs(
     cluster: Cluster, ladder_node: list[dict[str, Any]]
 ) -> None:
-    """Two free nodes fit the ladder: the DGX with its first rung (`nvlink`) and the PCIe
-    box with its third (`switch`). kube-scheduler scores nodes by the sub-requests their
-    allocation uses (KEP-4816 scoring), so the pod lands on the DGX."""
+    """Two nodes fit the ladder: the free DGX with its first rung for both GPUs (`paired`)
+    and the PCIe box, whose free GPUs (all behind one switch, one NIC) give only one GPU a
+    NIC of its own. kube-scheduler scores nodes by the sub-requests their allocation uses
+    (KEP-4816 scoring), so the pod lands on the DGX."""
+    blocker = _pinned(["0000:3a:00.0", "0000:3b:00.0", "0000:9a:00.0", "0000:9b:00.0"])
+    _allocated(cluster, "pick-blocker", blocker)
+    blocker2 = _pinned(["0000:ba:00.0", "0000:bb:00.0"])
+    _allocated(cluster, "pick-blocker-2", blocker2)
     ladder = ladder_spec(2, 1, DRIVER)
     got = _allocated_on(cluster, "ladder-pick", ladder, {"e2e": "ladder"})
     assert {pool for _, _, pool in got} == {DGX}
-    assert set(rung_of([r for r, _, _ in got]).values()) == {"nvlink", "paired"}
-    cluster.kubectl("-n", NS, "delete", "pod", "ladder-pick", "--force", "--grace-period=0")
+    assert set(rung_of([r for r, _, _ in got]).values()) == {"paired"}
+    for name in ("ladder-pick", "pick-blocker", "pick-blocker-2"):
+        cluster.kubectl("-n", NS, "delete", "pod", name, "--force", "--grace-period=0")
+    poll(lambda: not _claims_left(cluster), 60, 0.3, "claims released")
+
+
+def _claims_left(cluster: Cluster) -> list[Any]:
+    out = json.loads(cluster.kubectl("-n", NS, "get", "resourceclaims", "-o", "json"))
+    return [c for c in out["items"] if (c.get("status") or {}).get("allocation")]
 
 
 def test_ladder_first_rung_then_a_looser_one(
@@ -165,24 +177,25 @@ def test_ladder_first_rung_then_a_looser_one(
 ) -> None:
     slices = ladder_node
     ladder = ladder_spec(2, 1, DRIVER)
-    # Free node: the first rung that pcie-8gpu can match, two GPUs behind one PCIe switch.
+    # Free node: the first rung, two GPUs behind different switches, each with its
+    # switch's NIC.
     first = _allocated(cluster, "ladder-a", ladder)
     assert first == _predicted(slices, ladder, [])
     rungs = rung_of([r for r, _ in first])
-    assert rungs["gpu-0"] == rungs["gpu-1"] == "switch"
-    # Take one GPU behind every other switch: no two free GPUs share a switch any more.
-    blocker = _pinned(["0000:3b:00.0", "0000:9b:00.0", "0000:bb:00.0"])
-    blocked = _allocated(cluster, "blocker", blocker)
-    assert [d for _, d in blocked] == [
-        "gpu-0000-3b-00-0",
-        "gpu-0000-9b-00-0",
-        "gpu-0000-bb-00-0",
+    assert set(rungs.values()) == {"paired"}
+    # Take every other GPU but the two of one switch: one GPU can pair, the other not.
+    taken = {d for _, d in first}
+    rest = [
+        f"0000:{b}:00.0"
+        for b in ("18", "19", "3a", "3b", "9a", "9b", "ba", "bb")
+        if f"gpu-0000-{b}-00-0" not in taken and b not in ("ba", "bb")
     ]
-    # The same ladder now lands a looser class, exactly where the allocator model says.
+    blocked = _allocated(cluster, "blocker", _pinned(rest))
+    # The same ladder now lands a looser rung, exactly where the allocator model says.
     second = _allocated(cluster, "ladder-b", ladder)
     assert second == _predicted(slices, ladder, first + blocked)
     rungs2 = rung_of([r for r, _ in second])
-    assert (rungs2["gpu-0"], rungs2["gpu-1"]) != ("switch", "switch")
+    assert (rungs2["gpu-0"], rungs2["gpu-1"]) == ("paired", "any")
     score = prioritized_score(ladder, [r for r, _ in second])
     assert score < prioritized_score(ladder, [r for r, _ in first])
     gpus = {d for r, d in second if r.startswith("gpu-")}

@@ -1,0 +1,241 @@
+#!/usr/bin/env python3
+"""Why each claim kind costs the scheduler what it costs: the upstream allocator's work on
+one node, counted (issue #22).
+
+kube-scheduler's DynamicResources Filter runs the structured allocator
+(k8s.io/dynamic-resource-allocation/structured, the v1.36 search) once per node and pod:
+requests in claim order, a ``firstAvailable`` request's sub-requests in order, and for
+each device wanted a loop over every device of the node's pool in slice order — skip it
+if in use, else check the DeviceClass's and the request's CEL selectors (the result is
+cached per (sub-)request and device, within that one node's run), then add it to every
+constraint (matchAttribute), and recurse; on a dead end, back off and try the next
+device. This script repeats that search move for move and counts:
+
+  cel     CEL selector evaluations (each converts the device's attributes and runs the
+          program; the part that grows with sub-requests x devices)
+  tries   devices offered to the constraints (the backtracking)
+
+per claim kind, on a free dgx-h100 and pcie-8gpu node and on nodes with 1 or 2 GPUs
+free, for the claims this tree writes and the frozen ones from
+bench/data/cluster_scale_old_claims.json. It needs no cluster; bench/cluster_scale.py
+measures the same kinds on the real scheduler, and docs/performance.md puts the two
+side by side.
+
+Usage: python3 bench/allocator_cost.py [--claims old|new|both] [--kinds a,b]
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
+    sys.path.pop(0)
+
+import argparse
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from bench.cluster_scale import (  # noqa: E402
+    DRIVER,
+    MACHINES,
+    gpu_names,
+    gpus_of,
+    new_claims,
+    node_slices,
+    old_claims,
+    plain_spec,
+)
+from normalize.deviceclasses import device_classes  # noqa: E402
+from scorer.cel import device_env, evaluate  # noqa: E402
+
+#: Give up counting past this many tries (the real search would go on: reported as ">").
+MAX_TRIES = 2_000_000
+
+
+@dataclass
+class Cost:
+    cel: int = 0
+    tries: int = 0
+    ok: bool = False
+    capped: bool = False
+
+
+class _Cap(Exception):
+    pass
+
+
+def search_cost(
+    spec: Mapping[str, Any],
+    slices: Sequence[Mapping[str, Any]],
+    in_use: set[str],
+    classes: Mapping[str, Mapping[str, Any]],
+) -> Cost:
+    """The upstream search on one node's pool, counted."""
+    devs = [d for s in slices for d in s["spec"]["devices"]]
+    envs = [device_env(d, DRIVER) for d in devs]
+    attrs = [e.attributes for e in envs]
+    reqs = []  # per request: list of (result name, class selectors, selectors, mode, count)
+    for r in spec["devices"]["requests"]:
+        alts = r.get("firstAvailable") or [dict(r["exactly"], name="")]
+        out = []
+        for a in alts:
+            cls = classes[a["deviceClassName"]]
+            csel = [x["cel"]["expression"] for x in cls["spec"].get("selectors") or []]
+            sel = [x["cel"]["expression"] for x in a.get("selectors") or []]
+            name = f"{r['name']}/{a['name']}" if a.get("name") else r["name"]
+            out.append((name, csel, sel, a.get("allocationMode", "ExactCount"), a.get("count", 1)))
+        reqs.append(out)
+    cons = []
+    for c in spec["devices"].get("constraints") or []:
+        refs = set(c.get("requests") or [r["name"] for r in spec["devices"]["requests"]])
+        distinct = "distinctAttribute" in c
+        cons.append((refs, c["distinctAttribute"] if distinct else c["matchAttribute"], distinct))
+    cost = Cost()
+    cache: dict[tuple[int, int, int], bool] = {}
+    used = set(in_use)
+    members: list[list[Any]] = [[] for _ in cons]  # per constraint: values of added devices
+
+    def selectable(ri: int, si: int, di: int) -> bool:
+        key = (ri, si, di)
+        if key not in cache:
+            _, csel, sel, _, _ = reqs[ri][si]
+            ok = True
+            for e in csel + sel:  # class selectors first, then the request's; stop at false
+                cost.cel += 1
+                if not evaluate(e, envs[di]):
+                    ok = False
+                    break
+            cache[key] = ok
+        return cache[key]
+
+    def add(name: str, di: int) -> bool:
+        cost.tries += 1
+        if cost.tries > MAX_TRIES:
+            raise _Cap
+        base = name.split("/", 1)[0]
+        done: list[int] = []
+        for ci, (refs, attr, distinct) in enumerate(cons):
+            if name not in refs and base not in refs:
+                continue
+            val = attrs[di].get(attr)
+            clash = val in members[ci] if distinct else bool(members[ci]) and members[ci][0] != val
+            if val is None or clash:
+                for cj in done:
+                    members[cj].pop()
+                return False
+            members[ci].append(val)
+            done.append(ci)
+        removals.append(done)
+        return True
+
+    removals: list[list[int]] = []
+
+    def remove() -> None:
+        for ci in removals.pop():
+            members[ci].pop()
+
+    def one(ri: int, si: int, k: int) -> bool:
+        if ri == len(reqs):
+            return True
+        name, _, _, mode, count = reqs[ri][si]
+        if mode == "All":
+            picked = [di for di in range(len(devs)) if selectable(ri, si, di)]
+            if not picked or any(devs[di]["name"] in used for di in picked):
+                return False
+            n = 0
+            for di in picked:
+                if not add(name, di):
+                    break
+                used.add(devs[di]["name"])
+                n += 1
+            if n == len(picked) and request(ri + 1):
+                return True
+            for di in picked[:n]:
+                used.discard(devs[di]["name"])
+                remove()
+            return False
+        if k == count:
+            return request(ri + 1)
+        for di, d in enumerate(devs):
+            if d["name"] in used or not selectable(ri, si, di):
+                continue
+            if not add(name, di):
+                continue
+            used.add(d["name"])
+            if one(ri, si, k + 1):
+                return True
+            used.discard(d["name"])
+            remove()
+        return False
+
+    def request(ri: int) -> bool:
+        if ri == len(reqs):
+            return True
+        return any(one(ri, si, 0) for si in range(len(reqs[ri])))
+
+    try:
+        cost.ok = request(0)
+    except _Cap:
+        cost.capped = True
+    return cost
+
+
+def scenarios() -> list[tuple[str, list[dict[str, Any]], set[str]]]:
+    """(label, slices, devices in use): each machine free, then with 2 and 1 GPUs free
+    (the 90 %-full cluster's partly free nodes), the free ones drawn at random."""
+    slices = node_slices([(m, m) for m in MACHINES])
+    rng = random.Random(22)
+    out: list[tuple[str, list[dict[str, Any]], set[str]]] = []
+    for m in MACHINES:
+        gpus = gpu_names(slices[m])
+        out.append((f"{m} free", slices[m], set()))
+        for free in (2, 1):
+            out.append((f"{m} {free} free", slices[m], set(rng.sample(gpus, len(gpus) - free))))
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--claims", choices=["old", "new", "both"], default="both")
+    ap.add_argument("--kinds", default=None)
+    args = ap.parse_args(argv)
+    classes = {c["metadata"]["name"]: c for c in device_classes(DRIVER)}
+    sets = []
+    if args.claims in ("old", "both"):
+        sets.append(("old", old_claims()))
+    if args.claims in ("new", "both"):
+        sets.append(("new", new_claims()))
+
+    def size(k: str) -> int:
+        return gpus_of(next(s[k] for _, s in sets if k in s))
+
+    kinds = sorted({k for _, s in sets for k in s}, key=lambda k: (size(k), k))
+    if args.kinds:
+        kinds = [k for k in kinds if k in args.kinds.split(",")]
+    scen = scenarios()
+    print("cel evaluations / constraint tries per node (x = cannot allocate; > = over the cap)")
+    print(f"{'claim':<48} {'set':<5} " + " ".join(f"{s[0]:>18}" for s in scen))
+    for g in sorted({size(k) for k in kinds}):
+        rows = [(f"plain {g}", "plain", plain_spec(g))]
+        rows += [
+            (k, label, s[k]) for k in kinds for label, s in sets if k in s and gpus_of(s[k]) == g
+        ]
+        for name, label, spec in rows:
+            cells = []
+            for _, sl, busy in scen:
+                c = search_cost(spec, sl, busy, classes)
+                mark = ">" if c.capped else ("" if c.ok else "x")
+                cells.append(f"{mark}{c.cel}/{c.tries}")
+            print(f"{name:<48} {label:<5} " + " ".join(f"{x:>18}" for x in cells))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,106 @@
+"""bench/cluster_scale.py's N=100 case on the real scheduler: 100 nodes (half dgx-h100, half
+pcie-8gpu) with the slices `toposlice slices` prints, every example and `toposlice claim`
+kind on an empty and on a 90 %-full cluster. Asserted: the allocations, not the timings —
+every pod binds, every claim's devices are what the allocator model (scorer/allocator.py)
+allocates on that node with the rest of the node in use (so selectors, constraints and the
+chosen rungs all hold), and on the empty cluster every ladder lands its first rung.
+
+The cluster is its own (node-lifecycle controller off, so 100 Node objects stay Ready
+without Lease renewals), started and stopped by this module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench import cluster_scale as cs
+from normalize.deviceclasses import device_classes
+from scorer.allocator import Allocator
+from scorer.ladder import rung_of
+from tests.e2e.cluster import find_assets
+
+pytestmark = pytest.mark.e2e
+
+NODES = 100
+PODS = 6
+PODS_FULL = 3
+
+
+@pytest.fixture(scope="module")
+def scale(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[cs.Api, cs.Populated]]:
+    if find_assets() is None:
+        pytest.skip(cs.SKIP_REASON)
+    cluster = cs.start_cluster(tmp_path_factory.mktemp("scale"))
+    try:
+        api = cs.Api(cluster)
+        yield api, cs.populate(api, NODES)
+    finally:
+        cluster.stop()
+
+
+def _fill_devices(api: cs.Api) -> dict[str, set[str]]:
+    path = f"/apis/resource.k8s.io/v1/namespaces/{cs.NAMESPACE}/resourceclaims"
+    out: dict[str, set[str]] = {}
+    for c in api.call("GET", f"{path}?labelSelector=bench=fill")["items"]:
+        for r in c["status"]["allocation"]["devices"]["results"]:
+            out.setdefault(r["pool"], set()).add(r["device"])
+    return out
+
+
+def _check(
+    pop: cs.Populated, spec: dict[str, Any], r: cs.KindResult, busy: dict[str, set[str]]
+) -> None:
+    assert r.bound == r.pods, f"{r.kind} at {r.fill}%: {r.bound}/{r.pods} bound"
+    assert len(r.allocations) == r.pods
+    classes = device_classes(cs.DRIVER)
+    for a in r.allocations:
+        node = a["node"]
+        mine = {d for _, d in a["results"]}
+        every = {d["name"] for s in pop.slices[node] for d in s["spec"]["devices"]}
+        others = every - mine
+        model = Allocator(pop.slices[node], classes, node).allocate(
+            spec, [(cs.DRIVER, node, d) for d in others]
+        )
+        assert model is not None, f"{r.kind} on {node}: the model cannot allocate {a}"
+        assert sorted((m.request, m.device) for m in model) == [tuple(x) for x in a["results"]]
+        assert not mine & busy.get(node, set()), f"{r.kind} on {node}: took a busy device"
+
+
+def _first_rungs(spec: dict[str, Any]) -> dict[str, str]:
+    return {
+        req["name"]: req["firstAvailable"][0]["name"]
+        for req in spec["devices"]["requests"]
+        if "firstAvailable" in req
+    }
+
+
+def test_every_kind_allocates_on_100_nodes(scale: tuple[cs.Api, cs.Populated]) -> None:
+    api, pop = scale
+    kinds = cs.new_claims()
+    for fill_pct, pods in ((0, PODS), (90, PODS_FULL)):
+        cs.fill(api, pop, fill_pct)
+        busy = _fill_devices(api)
+        for kind, spec in kinds.items():
+            r = cs.run_kind(api, kind, "new", spec, pods, fill_pct, "raised", 60, 15)
+            _check(pop, spec, r, busy)
+            if fill_pct == 0 and kind.startswith(("claim", "gpus-2-nics-ladder")):
+                want = _first_rungs(spec)
+                for a in r.allocations:
+                    got = rung_of([req for req, _ in a["results"]])
+                    assert got == want, (kind, a)
+        cs.unfill(api)
+
+
+def test_slices_are_what_the_cli_prints(scale: tuple[cs.Api, cs.Populated]) -> None:
+    api, pop = scale
+    name, machine = pop.nodes[1]
+    listed = api.call(
+        "GET", f"/apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.nodeName={name}"
+    )["items"]
+    want = cs.node_slices([(name, machine)])[name]
+    assert [s["spec"]["devices"] for s in listed] == [s["spec"]["devices"] for s in want]
+    assert Path(cs.OLD_CLAIMS).is_file()
