@@ -357,6 +357,7 @@ def test_disabled_writes_no_metadata(tmp_path: Path, reader: FakeClaims) -> None
 def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser()
     add_driver_args(p)
+    p.add_argument("--driver")  # one of the shared flags (toposlice/sources.py)
     return p.parse_args(argv)
 
 
@@ -378,7 +379,7 @@ def test_flags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         config(tmp_path, ["--device-metadata-versions", "v2"])
     with pytest.raises(ConfigError, match="must start with a letter"):
         config(tmp_path, ["--driver", "1gpu.example.com"])
-    config(tmp_path, ["--driver-name", "1gpu.example.com", "--no-device-metadata"])
+    config(tmp_path, ["--driver", "1gpu.example.com", "--no-device-metadata"])
     monkeypatch.setenv("DEVICE_METADATA", "false")
     monkeypatch.setenv("DEVICE_METADATA_VERSIONS", "v1beta1")
     cfg = config(tmp_path, [])

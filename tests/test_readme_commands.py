@@ -81,7 +81,7 @@ def _row(usage: str) -> Row:
 
 def _parsers() -> dict[tuple[str, ...], argparse.ArgumentParser]:
     """Every (sub)command path -> its parser, from the CLI's own build_parser."""
-    names = [*cli.COMMANDS, *cli.MODULE_COMMANDS]
+    names = [*cli.COMMANDS, *cli.MODULE_COMMANDS, "help"]
     out: dict[tuple[str, ...], argparse.ArgumentParser] = {}
 
     def walk(path: tuple[str, ...], parser: argparse.ArgumentParser) -> None:

@@ -100,10 +100,18 @@ def _version_action() -> type:
         """``--version``, looked up only when asked (importlib.metadata costs start-up)."""
 
         def __init__(self, option_strings: list[str], dest: str, **kwargs: object) -> None:
-            super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS)
+            super().__init__(
+                option_strings,
+                dest,
+                nargs=0,
+                default=argparse.SUPPRESS,
+                help=kwargs.get("help"),  # type: ignore[arg-type]
+            )
 
         def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
-            parser.exit(message=f"toposlice {version()}\n")
+            # stdout, as argparse's own version action and every other tool print it
+            print(f"toposlice {version()}", flush=True)
+            parser.exit()
 
     return VersionAction
 
