@@ -253,7 +253,10 @@ def node_slices(nodes: Sequence[tuple[str, str]]) -> dict[str, list[dict[str, An
             cwd=REPO,
         )
         template[machine] = proc.stdout
-    return {n: json.loads(template[m].replace("node-name-placeholder", n)) for n, m in nodes}
+    # `slices -o json` prints a v1 List (as kubectl does for several objects).
+    return {
+        n: json.loads(template[m].replace("node-name-placeholder", n))["items"] for n, m in nodes
+    }
 
 
 def node_names(n: int) -> list[tuple[str, str]]:

@@ -51,9 +51,8 @@ def _publish(cluster: Cluster, node: str, machine: str) -> None:
         check=True,
         cwd=REPO,
     )
-    slices = json.loads(proc.stdout)
-    doc = json.dumps({"apiVersion": "v1", "kind": "List", "items": slices})
-    cluster.kubectl("create", "-f", "-", input=doc)
+    slices = json.loads(proc.stdout)["items"]  # a v1 List, as kubectl reads it
+    cluster.kubectl("create", "-f", "-", input=proc.stdout)
     poll(lambda: len(published_slices(cluster, node)) == len(slices), 30, 0.2, "slices")
 
 

@@ -121,7 +121,7 @@ def cli_slices(machine: str, node: str, *extra: str) -> list[dict[str, Any]]:
         check=True,
         cwd=REPO,
     )
-    data: list[dict[str, Any]] = json.loads(proc.stdout)
+    data: list[dict[str, Any]] = json.loads(proc.stdout)["items"]  # a v1 List
     return data
 
 
