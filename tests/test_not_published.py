@@ -29,8 +29,9 @@ def toposlice(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def _cpu0(slices: list[dict[str, Any]]) -> dict[str, Any]:
-    devices = [d for s in slices for d in s["spec"]["devices"]]
+def _cpu0(printed: dict[str, Any]) -> dict[str, Any]:
+    """cpu-numa0's attributes in what `slices -o json` prints (a v1 List)."""
+    devices = [d for s in printed["items"] for d in s["spec"]["devices"]]
     attrs: dict[str, Any] = next(d for d in devices if d["name"] == "cpu-numa0")["attributes"]
     return attrs
 

@@ -95,7 +95,7 @@ def test_graph_table_on_a_vm_without_gpus(tmp_path: Path) -> None:
         toposlice(
             "slices", "--fake", str(_vm_without_gpus(tmp_path)), "--node-name", "n", "-o", "json"
         )
-    )
+    )["items"]  # a v1 List
     nic = next(d for s in slices for d in s["spec"]["devices"] if d["name"].startswith("nic-"))
     assert "resource.kubernetes.io/numaNode" not in nic["attributes"], "sysfs says -1"
     rows = {line.split()[0]: line for line in table.splitlines()[1:] if line.strip()}
