@@ -201,6 +201,11 @@ def fetch_wheels(cache: Path, arch: str, source: Path) -> Path:
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
     run([*pip, "wheel", "--no-deps", "-w", str(wheels / "project"), str(source)])
     project = next((wheels / "project").glob("toposlice-*.whl"))
+    # pip download saves the project's own wheel among the dependencies; an earlier build's
+    # copy of the same version would be taken instead of this one, with its old
+    # requirements (a dependency added since would then be missing at install).
+    for stale in (wheels / "deps").glob("toposlice-*.whl"):
+        stale.unlink()
     run(
         [
             *pip,
