@@ -308,6 +308,8 @@ class Stranding:
 
 
 def run_policy(name: str, nodes: list[NodeTopology], jobs: list[Job], seed: int) -> dict[str, Any]:
+    from bench.queue_sim import occupy
+
     by_name = {t.name: t for t in nodes}
     total = sum(len(t.gpus) for t in nodes)
     occ = Occupancy()
@@ -347,12 +349,7 @@ def run_policy(name: str, nodes: list[NodeTopology], jobs: list[Job], seed: int)
             continue
         admitted += 1
         gpu_hours += job.req.gpus * job.duration / 3600.0
-        memory = job.req.bound == "memory"
-        for p in cp.pods:
-            pool = by_name[p.node].pool
-            occ.allocated.setdefault(pool, set()).update(p.devices)
-            if memory:
-                occ.memory_bound.setdefault(pool, set()).update(p.devices)
+        occupy(occ, by_name, job.req, cp)
         if job.req.gpus > 1:
             bws.append(job_busbw(by_name, cp))
         heapq.heappush(departures, (job.arrival + job.duration, job.id, cp, memory))
@@ -812,16 +809,8 @@ def queue_policy(name: str, nodes: list[MixedNode], rng: random.Random) -> Any:
     """A policy for bench/queue_sim.py: the scorer's expected-completion decision, or a
     claim through the allocator model (ladder, careful, plain: nodes in random order;
     first-fit: plain counts, nodes in cluster order)."""
-    from bench.queue_sim import Decision, SimJob, View
-    from scorer.completion import deadline, decide
+    from bench.queue_sim import Decision, SimJob, View, scorer_decision
     from scorer.ladder import ladder_spec, prioritized_score
-
-    def scorer(job: SimJob, view: View) -> Decision:
-        expected = view.expected(job)
-        choice = decide(view.context(), job.req, expected, deadline(job.arrival, expected))
-        if choice.placement is None and choice.wait_node is not None:
-            return Decision(None, choice.wait_node, deadline(job.arrival, expected))
-        return Decision(choice.placement)
 
     def claims(job: SimJob, view: View) -> Decision:
         req, occ = job.req, view.occ
@@ -848,7 +837,7 @@ def queue_policy(name: str, nodes: list[MixedNode], rng: random.Random) -> Any:
                     return Decision(ClusterPlacement((_as_placement(n.topo, got[0]),), 0.0))
         return Decision(None)
 
-    return scorer if name == "scorer" else claims
+    return scorer_decision if name == "scorer" else claims
 
 
 def run_queue(
@@ -979,19 +968,11 @@ LARGE_QUEUE_LOAD = 0.6
 def large_queue_policy(name: str, nodes: list[NodeTopology], seed: int) -> Any:
     """scorer (the expected-completion decision), first-fit (nodes in a fixed shuffled
     order, devices first-fit) or random, for bench/queue_sim.py."""
-    from bench.queue_sim import Decision, SimJob, View
-    from scorer.completion import deadline, decide
+    from bench.queue_sim import Decision, SimJob, View, scorer_decision
 
     rng = random.Random(seed)
     fixed = list(nodes)
     random.Random(seed + 1).shuffle(fixed)
-
-    def scorer(job: SimJob, view: View) -> Decision:
-        expected = view.expected(job)
-        choice = decide(view.context(), job.req, expected, deadline(job.arrival, expected))
-        if choice.placement is None and choice.wait_node is not None:
-            return Decision(None, choice.wait_node, deadline(job.arrival, expected))
-        return Decision(choice.placement)
 
     def others(job: SimJob, view: View) -> Decision:
         if name == "first-fit":
@@ -1008,7 +989,7 @@ def large_queue_policy(name: str, nodes: list[NodeTopology], seed: int) -> Any:
             )
         )
 
-    return scorer if name == "scorer" else others
+    return scorer_decision if name == "scorer" else others
 
 
 def main_large_queue(args: argparse.Namespace) -> int:

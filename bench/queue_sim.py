@@ -28,11 +28,19 @@ from __future__ import annotations
 import heapq
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from scorer.completion import Context, Queued, Running, expected_remaining, placement_stretch
+from scorer.completion import (
+    Context,
+    Queued,
+    Running,
+    deadline,
+    decide,
+    expected_remaining,
+    placement_stretch,
+)
 from scorer.estimate import RunEstimator
 from scorer.request import Occupancy, Request
 from scorer.search import ClusterPlacement
@@ -110,6 +118,28 @@ class View:
 Policy = Callable[[SimJob, View], Decision]
 
 
+def scorer_decision(job: SimJob, view: View) -> Decision:
+    """The scorer's expected-completion policy: place now, or hold out for the node it
+    waits on until the job's deadline (scorer/completion.py)."""
+    expected = view.expected(job)
+    choice = decide(view.context(), job.req, expected, deadline(job.arrival, expected))
+    if choice.placement is None and choice.wait_node is not None:
+        return Decision(None, choice.wait_node, deadline(job.arrival, expected))
+    return Decision(choice.placement)
+
+
+def occupy(
+    occ: Occupancy, by_name: Mapping[str, NodeTopology], req: Request, cp: ClusterPlacement
+) -> None:
+    """Mark CP's devices allocated in OCC (and memory-bound when REQ is)."""
+    memory = req.bound == "memory"
+    for p in cp.pods:
+        pool = by_name[p.node].pool
+        occ.allocated.setdefault(pool, set()).update(p.devices)
+        if memory:
+            occ.memory_bound.setdefault(pool, set()).update(p.devices)
+
+
 @dataclass
 class Result:
     started: list[Started] = field(default_factory=list)
@@ -164,12 +194,8 @@ def simulate(
 
     def start(job: SimJob, cp: ClusterPlacement, now: float) -> None:
         s = placement_stretch(ctx0, job.req, cp, occ)
-        memory = job.req.bound == "memory"
+        occupy(occ, by_name, job.req, cp)
         for p in cp.pods:
-            pool = by_name[p.node].pool
-            occ.allocated.setdefault(pool, set()).update(p.devices)
-            if memory:
-                occ.memory_bound.setdefault(pool, set()).update(p.devices)
             count(p.node, p.devices, -1)
         expected = estimator.expected(job.req, job.hint if hints else None) * s
         st = Started(job, cp, now, now + job.base * s, s, expected)
