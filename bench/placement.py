@@ -661,6 +661,21 @@ def run_mixed(
 WITH_SE = ("gpu_hours", "mean_busbw_gbps")
 
 
+def _over_draws(
+    runs: list[dict[str, Any]], se_keys: tuple[str, ...], se_digits: int
+) -> dict[str, Any]:
+    """Each figure's mean over the draws (p99 decision: the worst draw's), and the standard
+    error of the SE_KEYS means where there is more than one draw."""
+    out: dict[str, Any] = {}
+    for k in runs[0]:
+        vals = [r[k] for r in runs]
+        out[k] = max(vals) if k == "p99_decision_ms" else round(sum(vals) / len(vals), 4)
+    for k in se_keys if len(runs) > 1 else ():
+        vals = [r[k] for r in runs]
+        out[f"{k}_se"] = round(statistics.stdev(vals) / math.sqrt(len(vals)), se_digits)
+    return out
+
+
 def mean_over_draws(
     policy: str, nodes: list[MixedNode], jobs: list[Job], seed: int, draws: int
 ) -> dict[str, Any]:
@@ -671,13 +686,7 @@ def mean_over_draws(
     enough either: the careful user's seed-1 busbw is 229.8 over the first 5 orders, 220.0
     over 20 and 224.8 ± 2.5 over 60."""
     runs = [run_mixed(policy, nodes, jobs, seed, order_seed=d) for d in range(draws)]
-    out: dict[str, Any] = {}
-    for k in runs[0]:
-        vals = [r[k] for r in runs]
-        out[k] = max(vals) if k == "p99_decision_ms" else round(sum(vals) / len(vals), 4)
-    for k in WITH_SE if len(runs) > 1 else ():
-        vals = [r[k] for r in runs]
-        out[f"{k}_se"] = round(statistics.stdev(vals) / math.sqrt(len(vals)), 3)
+    out = _over_draws(runs, WITH_SE, se_digits=3)
     out["gpu_hours_range"] = [min(r["gpu_hours"] for r in runs), max(r["gpu_hours"] for r in runs)]
     out["draws"] = draws
     return out
@@ -862,13 +871,7 @@ def queue_over_draws(
     """A random-order policy's queue figures, the mean over ``draws`` node orders with the
     standard error of the means; p99 decision is the worst draw's."""
     runs = [run_queue(policy, nodes, jobs, seed, hints, d) for d in range(draws)]
-    out: dict[str, Any] = {}
-    for k in runs[0]:
-        vals = [r[k] for r in runs]
-        out[k] = max(vals) if k == "p99_decision_ms" else round(sum(vals) / len(vals), 4)
-    for k in QUEUE_SE if len(runs) > 1 else ():
-        vals = [r[k] for r in runs]
-        out[f"{k}_se"] = round(statistics.stdev(vals) / math.sqrt(len(vals)), 4)
+    out = _over_draws(runs, QUEUE_SE, se_digits=4)
     out["draws"] = draws
     return out
 
