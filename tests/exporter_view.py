@@ -5,7 +5,9 @@ client (http.client hides what hostile-client tests need)."""
 from __future__ import annotations
 
 import functools
+import re
 import socket
+import subprocess
 import time
 import weakref
 from collections.abc import Iterator, Mapping
@@ -125,3 +127,15 @@ def wait_for(predicate: object, timeout: float = 5.0) -> bool:
             return True
         time.sleep(0.05)
     return False
+
+
+def serving_url(proc: subprocess.Popen[str], deadline: float) -> str:
+    """The URL a ``toposlice serve`` child says (on stderr) it listens on; fails the test
+    if it has said none by DEADLINE (a ``time.monotonic()`` value)."""
+    assert proc.stderr is not None
+    url = None
+    while url is None and time.monotonic() < deadline:
+        m = re.search(r"serving on (http://\S+)", proc.stderr.readline())
+        url = m.group(1) if m else None
+    assert url, "serve did not say where it listens"
+    return url

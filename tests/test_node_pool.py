@@ -22,6 +22,7 @@ from normalize.snapshot import build_snapshot
 from scorer.request import Occupancy, Request
 from scorer.score import NodeState
 from scorer.topology import from_graph
+from tests.exporter_view import serving_url
 from toposlice.cli import main
 from toposlice.discover import discover
 
@@ -100,13 +101,8 @@ def test_serve_publishes_node_pool_names_and_health(tmp_path: Path, given: str) 
         cwd=tmp_path,
     )  # fmt: skip
     try:
-        assert proc.stderr is not None
-        url = None
         deadline = time.monotonic() + 60
-        while url is None and time.monotonic() < deadline:
-            m = re.search(r"serving on (http://\S+)", proc.stderr.readline())
-            url = m.group(1) if m else None
-        assert url, "serve did not say where it listens"
+        url = serving_url(proc, deadline)
         while True:
             try:
                 doc = json.loads(_get(f"{url}/v1/topology"))

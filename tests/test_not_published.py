@@ -6,7 +6,6 @@ warns; ``doctor`` and the exporter's ``/v1/normalization`` name it."""
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 import time
@@ -14,6 +13,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
+
+from tests.exporter_view import serving_url
 
 REPO = Path(__file__).resolve().parent.parent
 DRANET = REPO / "tests" / "data" / "foreign-slices" / "dranet.yaml"
@@ -92,13 +93,8 @@ def test_the_exporter_serves_it_without_observing() -> None:
         text=True,
     )  # fmt: skip
     try:
-        assert proc.stderr is not None
-        url = None
         deadline = time.monotonic() + 60
-        while url is None and time.monotonic() < deadline:
-            m = re.search(r"serving on (http://\S+)", proc.stderr.readline())
-            url = m.group(1) if m else None
-        assert url, "serve did not say where it listens"
+        url = serving_url(proc, deadline)
         while True:
             with urllib.request.urlopen(f"{url}/v1/normalization", timeout=10) as r:
                 report = json.load(r)
