@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -164,6 +165,14 @@ class ClusterCache:
         if waiting:
             return False, "informers not synced: " + ", ".join(waiting)
         return True, "ok"
+
+    def wait_synced(self, timeout: float) -> tuple[bool, str]:
+        """:meth:`synced`, after waiting up to ``timeout`` seconds in all for the
+        informers' first LISTs (returns at once when they are done)."""
+        deadline = time.monotonic() + timeout
+        for inf in self.informers:
+            inf.synced.wait(max(0.0, deadline - time.monotonic()))
+        return self.synced()
 
     # -- transforms ------------------------------------------------------------------------
 

@@ -81,6 +81,18 @@ class _Shape:
 
 #: Request shapes whose verdicts are kept (least recently used dropped first).
 SHAPES_KEPT = 256
+#: Longest a call waits for the informers' first LIST (the scorer just started) before it
+#: answers with an error, which an ``ignorable`` extender's scheduler goes on without.
+SYNC_WAIT_S = 2.0
+#: Longest a call waits for a claim or template the pod names to reach the informers'
+#: cache (the scheduler's own informer can be a few milliseconds ahead of ours).
+CLAIM_LAG_S = 1.0
+CLAIM_LAG_POLL_S = 0.01
+
+
+class NotReady(RuntimeError):
+    """The caches cannot answer for this pod yet; filter says so in ExtenderFilterResult's
+    Error instead of passing every node as if the pod asked for nothing."""
 
 
 @lru_cache(maxsize=4096)
@@ -134,13 +146,24 @@ class Extender:
         meta = pod.get("metadata") or {}
         ns = str(meta.get("namespace") or "default")
         ann = (meta.get("annotations") or {}).get(PROFILE_ANNOTATION)
-        gpus, nics = self._from_claims(pod, ns)
+        ok, why = self.cluster.wait_synced(SYNC_WAIT_S)
+        if not ok:
+            raise NotReady(f"toposlice scorer not ready: {why}")
+        counts = self._from_claims(pod, ns)
+        deadline = time.monotonic() + CLAIM_LAG_S
+        while isinstance(counts, str) and time.monotonic() < deadline:
+            time.sleep(CLAIM_LAG_POLL_S)
+            counts = self._from_claims(pod, ns)
+        if isinstance(counts, str):
+            raise NotReady(f"pod {ns}/{meta.get('name')}: {counts} not in the scorer's cache")
+        gpus, nics = counts
         try:
             return _request(ann or None, gpus, nics)
         except ValueError:  # again, uncached, for an error that names the pod
             return _build_request(ann or None, gpus, nics, f"pod {ns}/{meta.get('name')}")
 
-    def _from_claims(self, pod: dict[str, Any], ns: str) -> tuple[int, int]:
+    def _from_claims(self, pod: dict[str, Any], ns: str) -> tuple[int, int] | str:
+        """(GPUs, NICs) of the pod's claims, or the first claim the cache lacks."""
         spec = pod.get("spec") or {}
         generated = {
             s.get("name"): s.get("resourceClaimName")
@@ -155,8 +178,12 @@ class Extender:
                 counts = (claim.gpus, claim.nics) if claim is not None else None
             if counts is None and ref.get("resourceClaimTemplateName"):
                 counts = self.cluster.template(ns, ref["resourceClaimTemplateName"])
-            if counts is not None:
-                gpus, nics = gpus + counts[0], nics + counts[1]
+            if counts is None:
+                missing = claim_name or ref.get("resourceClaimTemplateName")
+                if missing:
+                    return f"ResourceClaim{'' if claim_name else 'Template'} {ns}/{missing}"
+                continue
+            gpus, nics = gpus + counts[0], nics + counts[1]
         return gpus, nics
 
     # -- decisions -----------------------------------------------------------------------
@@ -287,7 +314,7 @@ class Extender:
         nodes, by_name = _nodes(args)
         try:
             req = self.workload(wire_field(args, "Pod") or {})
-        except ValueError as exc:
+        except (ValueError, NotReady) as exc:
             return _filter_result([], {}, by_name, error=str(exc))
         if req is None:
             return _filter_result(nodes, {}, by_name)
@@ -305,7 +332,7 @@ class Extender:
         nodes, _ = _nodes(args)
         try:
             req = self.workload(wire_field(args, "Pod") or {})
-        except ValueError:
+        except (ValueError, NotReady):
             req = None
         if req is None:
             return [{"Host": name, "Score": 0} for name, _, _ in _named(nodes)]

@@ -372,3 +372,62 @@ def _wait(fn: Any, timeout: float = 10.0) -> Any:
             return value
         time.sleep(0.01)
     raise AssertionError("condition not reached")
+
+
+class _Unsynced:
+    """An informer still in its first LIST (the scorer just started)."""
+
+    name = "ResourceClaim"
+
+    def __init__(self) -> None:
+        self.synced = threading.Event()
+
+
+def _tp4_pod(claim: str | None = None) -> dict[str, Any]:
+    pod = _pod({"pattern": "tensor-parallel"}, [{"name": "c", "resourceClaimTemplateName": "tp4"}])
+    if claim:
+        pod["status"] = {"resourceClaimStatuses": [{"name": "c", "resourceClaimName": claim}]}
+    return pod
+
+
+def test_filter_before_the_informers_listed_is_an_error_not_a_pass(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Before the first LIST the cache knows no claim: passing every node as if the pod
+    asked for nothing is what let a tensor-parallel pod land on PCIe right after a start."""
+    import scorer.extender as extender
+
+    monkeypatch.setattr(extender, "SYNC_WAIT_S", 0.05)
+    cache = _cache()
+    informer = _Unsynced()
+    cache.informers.append(informer)  # type: ignore[arg-type]
+    ext = Extender(cache)
+    out = ext.filter({"Pod": _tp4_pod(), "NodeNames": ["dgx-1", "pcie-1"]})
+    assert out["NodeNames"] == [] and "not ready" in out["Error"], out
+    assert "ResourceClaim" in out["Error"]
+    assert all(p["Score"] == 0 for p in ext.prioritize({"Pod": _tp4_pod(), "NodeNames": ["dgx-1"]}))
+    # Listed while a call waits: that call answers from the cache.
+    monkeypatch.setattr(extender, "SYNC_WAIT_S", 5.0)
+    threading.Timer(0.1, informer.synced.set).start()
+    out = ext.filter({"Pod": _tp4_pod(), "NodeNames": ["dgx-1", "pcie-1"]})
+    assert out["Error"] == "" and out["NodeNames"] == ["dgx-1", "pcie-1"], out
+
+
+def test_a_claim_the_cache_has_not_seen_yet_is_waited_for_then_named(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import scorer.extender as extender
+
+    cache = _cache()
+    ext = Extender(cache)
+    pod = _pod({"pattern": "tensor-parallel"}, [{"name": "c", "resourceClaimName": "late"}])
+    body = _allocated("late", "elsewhere", [])
+    body["spec"] = TP4_TEMPLATE["spec"]["spec"]
+    threading.Timer(0.1, cache.apply, ("ResourceClaim", "ADDED", body)).start()
+    out = ext.filter({"Pod": pod, "NodeNames": ["dgx-1", "pcie-1"]})
+    assert out["Error"] == "" and out["NodeNames"], out  # 4 GPUs + 4 NICs, as the claim says
+    assert ext.workload(pod) is not None and ext.workload(pod).gpus == 4  # type: ignore[union-attr]
+    monkeypatch.setattr(extender, "CLAIM_LAG_S", 0.05)
+    pod = _pod({"pattern": "tensor-parallel"}, [{"name": "c", "resourceClaimName": "never"}])
+    out = ext.filter({"Pod": pod, "NodeNames": ["dgx-1"]})
+    assert out["NodeNames"] == [] and "ResourceClaim ml/never" in out["Error"], out

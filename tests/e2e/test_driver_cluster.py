@@ -59,10 +59,6 @@ ALL_NODES = [*MACHINES, *VENDOR_NODES]
 EXAMPLE_NODES = {machine: node for node, machine in MACHINES.items()}
 EXAMPLE_NODES |= {f"{m} beside {VENDOR_DRIVER}": node for node, m in VENDOR_NODES.items()}
 
-#: Passed on its branch; on the merged main the extender behind the real kube-scheduler
-#: neither holds nor steers the pod (issues #22 and #24 stay open for it).
-EXTENDER_XFAIL = "extender behind the real scheduler broken since the merge"
-
 
 @pytest.fixture(scope="module")
 def drivers(cluster: Cluster) -> Iterator[dict[str, NodeDriver]]:
@@ -372,10 +368,10 @@ def scorer(
     import urllib.request
 
     poll(
-        lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2).status == 200,
+        lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2).status == 200,
         30,
         0.1,
-        "scorer /healthz",
+        "scorer /readyz (informers listed)",
     )
     config = yaml.safe_load((REPO / "examples/scheduler/kube-scheduler-config.yaml").read_text())
     config["extenders"][0]["urlPrefix"] = f"http://127.0.0.1:{port}"
@@ -456,10 +452,6 @@ def _drop_namespace(cluster: Cluster, ns: str) -> None:
     cluster.kubectl("delete", "namespace", ns, "--wait=false")
 
 
-@pytest.mark.xfail(
-    reason=EXTENDER_XFAIL,
-    strict=False,
-)
 def test_extender_puts_tensor_parallel_on_nvswitch_and_is_ignorable(
     cluster: Cluster, drivers: dict[str, NodeDriver], scorer: tuple[str, list[str]]
 ) -> None:

@@ -41,10 +41,6 @@ DRIVER = "toposlice.dev"
 LABEL = "e2e.toposlice.dev/wait"
 RETRY_S = 2
 
-#: Passed on its branch; on the merged main the extender behind the real kube-scheduler
-#: neither holds nor steers the pod (issues #22 and #24 stay open for it).
-EXTENDER_XFAIL = "extender behind the real scheduler broken since the merge"
-
 
 def _publish(cluster: Cluster, node: str, machine: str) -> None:
     argv = [sys.executable, "-m", "toposlice", "-q", "slices", "--fake", machine]
@@ -82,11 +78,11 @@ def scheduler(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Ite
         cluster.spawn("toposlice-scorer-wait", argv, env=env)
         poll(
             lambda: (
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2).status == 200
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2).status == 200
             ),
             30,
             0.1,
-            "scorer /healthz",
+            "scorer /readyz (informers listed)",
         )
         config = yaml.safe_load(
             (REPO / "examples/scheduler/kube-scheduler-config.yaml").read_text()
@@ -169,10 +165,6 @@ def _delete(cluster: Cluster, name: str) -> None:
     cluster.kubectl("-n", NS, "delete", "pod", name, "--force", "--grace-period=0")
 
 
-@pytest.mark.xfail(
-    reason=EXTENDER_XFAIL,
-    strict=False,
-)
 def test_waits_for_the_nvswitch_node_within_its_bound(cluster: Cluster, scheduler: None) -> None:
     _hog(cluster, "hog-1")
     created = _tp_pod(cluster, "tp-wait", 90)
@@ -190,10 +182,6 @@ def test_waits_for_the_nvswitch_node_within_its_bound(cluster: Cluster, schedule
     _delete(cluster, "tp-wait")
 
 
-@pytest.mark.xfail(
-    reason=EXTENDER_XFAIL,
-    strict=False,
-)
 def test_past_its_bound_takes_the_pcie_node(cluster: Cluster, scheduler: None) -> None:
     _hog(cluster, "hog-2")
     bound = 12
