@@ -111,9 +111,14 @@ def run(args: argparse.Namespace) -> int:
         Extender(cache),
         ready=cache.synced,
     )
+    # The informers exist (unsynced) before the first call can arrive: a cache with none
+    # reads as synced, and a call answered from it would pass every node.
+    if client is not None:
+        cache.start_informers(client)
     try:
         server.start()
     except OSError as exc:  # in use, or not this host's address: a runtime failure
+        cache.stop()
         where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         print(
             f"toposlice: error: --http-addr {args.http_addr}: cannot listen on {where}: "
@@ -122,8 +127,6 @@ def run(args: argparse.Namespace) -> int:
         )
         return 1
     graphs.start()
-    if client is not None:
-        cache.start_informers(client)
     log.info("serving on %s:%d", host, server.address[1])
     try:
         serve(server)
