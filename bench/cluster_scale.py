@@ -70,7 +70,7 @@ import urllib3  # noqa: E402
 import yaml  # noqa: E402
 
 from bench.stats import pct  # noqa: E402
-from tests.e2e.cluster import SKIP_REASON, Cluster, find_assets  # noqa: E402
+from tests.e2e.cluster import SKIP_REASON, Cluster, find_assets, node_object  # noqa: E402
 
 DRIVER = "toposlice.dev"
 MACHINES = ("dgx-h100", "pcie-8gpu")
@@ -266,24 +266,13 @@ def node_names(n: int) -> list[tuple[str, str]]:
 def node_body(name: str, machine: str) -> dict[str, Any]:
     """A Node created Ready with its status (the API keeps a Node's status on create)."""
     res = {"cpu": "256", "memory": "2Ti", "pods": "250"}
-    return {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {
-            "name": name,
-            "labels": {
-                "kubernetes.io/hostname": name,
-                "kubernetes.io/os": "linux",
-                "kubernetes.io/arch": "amd64",
-                "bench.toposlice.dev/machine": machine,
-            },
-        },
-        "status": {
-            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}],
-            "capacity": res,
-            "allocatable": res,
-        },
+    body = node_object(name, {"bench.toposlice.dev/machine": machine})
+    body["status"] = {
+        "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}],
+        "capacity": res,
+        "allocatable": res,
     }
+    return body
 
 
 def device_classes() -> list[dict[str, Any]]:

@@ -269,6 +269,23 @@ def _now_micro() -> str:
 # --------------------------------------------------------------------------- cluster
 
 
+def node_object(name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    """A Node with the labels a kubelet sets on itself, plus LABELS (no status)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": {
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+                **(labels or {}),
+            },
+        },
+    }
+
+
 class Cluster:
     """A running control plane. Build it with :meth:`Cluster.start`."""
 
@@ -639,20 +656,7 @@ class Cluster:
         NODE_RENEW_S seconds (and its Ready condition every NODE_STATUS_ROUNDS renewals)
         until :meth:`remove_node`/:meth:`stop`."""
         core, _ = self._core()
-        body = {
-            "apiVersion": "v1",
-            "kind": "Node",
-            "metadata": {
-                "name": name,
-                "labels": {
-                    "kubernetes.io/hostname": name,
-                    "kubernetes.io/os": "linux",
-                    "kubernetes.io/arch": "amd64",
-                    **(labels or {}),
-                },
-            },
-        }
-        core.create_node(body)
+        core.create_node(node_object(name, labels))
         self._renew_node(name, status=True, first=True)
         with self._nodes_lock:
             self._nodes[name] = time.monotonic()
