@@ -110,6 +110,22 @@ def container_id(pod: dict[str, Any]) -> str:
     return str(status["containerID"]).split("://", 1)[1]
 
 
+def kill_plugin(node: Node, plugin: dict[str, Any]) -> None:
+    """kill -9 of the PLUGIN pod's container; returns once the kubelet restarted it and it
+    is Ready again (same pod, restartCount > 0)."""
+    node.kill_container(container_id(plugin))
+    poll(
+        lambda: any(
+            s.get("restartCount", 0) > 0 and s.get("ready")
+            for p in plugin_pods(node)
+            for s in p["status"].get("containerStatuses", [])
+        ),
+        timeout=120,
+        interval=0.5,
+        what="killed plugin restarted and Ready",
+    )
+
+
 def registry_sockets(node: Node) -> list[str]:
     return sorted(p.name for p in (node.kubelet_dir / "plugins_registry").glob("*"))
 
@@ -324,17 +340,7 @@ def test_restart_and_kill_change_nothing_for_a_running_claim(node: Node, release
         )
         assert registry_sockets(node) == [f"{DRIVER}-reg.sock"]
 
-        node.kill_container(container_id(new))  # kill -9 of the plugin's container
-        poll(
-            lambda: any(
-                s.get("restartCount", 0) > 0 and s.get("ready")
-                for p in plugin_pods(node)
-                for s in p["status"].get("containerStatuses", [])
-            ),
-            timeout=120,
-            interval=0.5,
-            what="killed plugin restarted and Ready",
-        )
+        kill_plugin(node, new)  # kill -9 of the plugin's container
         after: dict[str, Any] = get(node, "pod", "-n", WORKLOADS, pod["metadata"]["name"])
         assert after["status"]["phase"] == "Running"
         assert container_id(after) == cid

@@ -36,6 +36,7 @@ from tests.node.test_chart_on_node import (
     container_id,
     get,
     helm,
+    kill_plugin,
     plugin_pods,
     ready_plugin,
     slices,
@@ -227,17 +228,7 @@ def test_kill_9_of_the_plugin_keeps_the_same_files(node: Node, pod: dict[str, An
     inodes = {p: Path(p).stat().st_ino for p in before}
     plugin = ready_plugin(node)
     assert plugin is not None
-    node.kill_container(container_id(plugin))
-    poll(
-        lambda: any(
-            s.get("restartCount", 0) > 0 and s.get("ready")
-            for p in plugin_pods(node)
-            for s in p["status"].get("containerStatuses", [])
-        ),
-        timeout=120,
-        interval=0.5,
-        what="killed plugin restarted and Ready",
-    )
+    kill_plugin(node, plugin)
     assert host_files(node) == before
     assert {p: Path(p).stat().st_ino for p in before} == inodes  # not even rewritten
     after: dict[str, Any] = get(node, "pod", "-n", WORKLOADS, POD)

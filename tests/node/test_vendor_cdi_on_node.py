@@ -48,7 +48,7 @@ from tests.node.test_chart_on_node import (  # noqa: E402
     claim_of,
     container_id,
     get,
-    plugin_pods,
+    kill_plugin,
     plugin_url,
     ready_plugin,
     start_example,
@@ -177,17 +177,7 @@ def test_with_the_vendor_spec_the_pod_gets_the_library_and_each_node_once(
         # kill -9 of the plugin: the restarted one answers the claim with the same ids.
         old = ready_plugin(node)
         assert old is not None
-        node.kill_container(container_id(old))
-        poll(
-            lambda: any(
-                s.get("restartCount", 0) > 0 and s.get("ready")
-                for p in plugin_pods(node)
-                for s in p["status"].get("containerStatuses", [])
-            ),
-            timeout=120,
-            interval=0.5,
-            what="killed plugin restarted and Ready",
-        )
+        kill_plugin(node, old)
         from tests.kubelet import NodeClient
 
         sock = node.kubelet_dir / "plugins" / DRIVER / "dra.sock"
