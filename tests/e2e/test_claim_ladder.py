@@ -21,7 +21,13 @@ from normalize.deviceclasses import device_classes
 from scorer.allocator import Allocator
 from scorer.ladder import ladder_spec, prioritized_score, rung_of
 from tests.e2e.cluster import Cluster, poll
-from tests.e2e.toposlice_setup import REPO, pod_outcome, published_slices
+from tests.e2e.toposlice_setup import (
+    create_namespace,
+    missing_device_classes,
+    pod_outcome,
+    publish_cli_slices,
+    published_slices,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -34,18 +40,14 @@ TOPOSLICE = (sys.executable, "-m", "toposlice", "-q")
 
 @pytest.fixture(scope="module")
 def ladder_node(cluster: Cluster) -> Iterator[list[dict[str, Any]]]:
-    existing = json.loads(cluster.kubectl("get", "deviceclasses", "-o", "json"))["items"]
-    have = {c["metadata"]["name"] for c in existing}
-    ours = [c for c in device_classes(DRIVER) if c["metadata"]["name"] not in have]
-    cluster.kubectl("create", "namespace", NS)
+    ours = missing_device_classes(cluster, DRIVER)
     try:
-        # Pods are refused until the controller-manager made the namespace's default SA.
-        poll(lambda: cluster.kubectl("-n", NS, "get", "sa", "default", "-o", "name"), 30, 0.2)
+        create_namespace(cluster, NS)
         if ours:
             cluster.apply(ours)
         for node, machine in ((NODE, "pcie-8gpu"), (DGX, "dgx-h100")):
             cluster.add_node(node, {"e2e": "ladder"})
-            _publish(cluster, node, machine)
+            publish_cli_slices(cluster, node, machine)
         yield published_slices(cluster, NODE)
     finally:
         cluster.kubectl("-n", NS, "delete", "pod", "--all", "--force", "--grace-period=0")
@@ -55,21 +57,6 @@ def ladder_node(cluster: Cluster) -> Iterator[list[dict[str, Any]]]:
             cluster.remove_node(node)
         for c in ours:
             cluster.kubectl("delete", "deviceclass", c["metadata"]["name"], "--ignore-not-found")
-
-
-def _publish(cluster: Cluster, node: str, machine: str) -> None:
-    """What `toposlice slices --fake MACHINE --node-name NODE -o json` prints (a v1 List),
-    created by the admin with kubectl as it is."""
-    proc = subprocess.run(
-        [*TOPOSLICE, "slices", "--fake", machine, "--node-name", node, "-o", "json"],
-        capture_output=True,
-        text=True,
-        check=True,
-        cwd=REPO,
-    )
-    slices = json.loads(proc.stdout)["items"]
-    cluster.kubectl("create", "-f", "-", input=proc.stdout)
-    poll(lambda: len(published_slices(cluster, node)) == len(slices), 30, 0.2, "slices")
 
 
 def _pod(

@@ -17,21 +17,23 @@ from __future__ import annotations
 
 import calendar
 import json
-import os
-import subprocess
-import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-from normalize.deviceclasses import device_classes
-from tests.e2e.cluster import FEATURE_GATES, Cluster, free_ports, poll
-from tests.e2e.toposlice_setup import REPO, claim_pod, pod_outcome, published_slices
+from tests.e2e.cluster import Cluster, poll
+from tests.e2e.toposlice_setup import (
+    claim_pod,
+    create_namespace,
+    missing_device_classes,
+    pod_outcome,
+    publish_cli_slices,
+    serve_scorer,
+    spawn_extender_scheduler,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -42,66 +44,26 @@ LABEL = "e2e.toposlice.dev/wait"
 RETRY_S = 2
 
 
-def _publish(cluster: Cluster, node: str, machine: str) -> None:
-    argv = [sys.executable, "-m", "toposlice", "-q", "slices", "--fake", machine]
-    proc = subprocess.run(
-        [*argv, "--node-name", node, "-o", "json"],
-        capture_output=True,
-        text=True,
-        check=True,
-        cwd=REPO,
-    )
-    slices = json.loads(proc.stdout)["items"]  # a v1 List, as kubectl reads it
-    cluster.kubectl("create", "-f", "-", input=proc.stdout)
-    poll(lambda: len(published_slices(cluster, node)) == len(slices), 30, 0.2, "slices")
-
-
 @pytest.fixture(scope="module")
 def scheduler(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     where: Path = tmp_path_factory.mktemp("wait")
-    existing = json.loads(cluster.kubectl("get", "deviceclasses", "-o", "json"))["items"]
-    have = {c["metadata"]["name"] for c in existing}
-    ours = [c for c in device_classes(DRIVER) if c["metadata"]["name"] not in have]
-    cluster.kubectl("create", "namespace", NS)
+    ours = missing_device_classes(cluster, DRIVER)
     try:
-        poll(lambda: cluster.kubectl("-n", NS, "get", "sa", "default", "-o", "name"), 30, 0.2)
+        create_namespace(cluster, NS)
         if ours:
             cluster.apply(ours)
         for node, machine in ((DGX, "dgx-h100"), (PCIE, "pcie-8gpu")):
             cluster.add_node(node, {LABEL: "pair"})
-            _publish(cluster, node, machine)
-        (port,) = free_ports(1)
-        argv = [sys.executable, "-m", "toposlice", "scorer", "serve", "--http-addr"]
-        argv += [f"127.0.0.1:{port}", "--driver", DRIVER]
-        argv += ["--fake", f"dgx-h100:{DGX}", "--fake", f"pcie-8gpu:{PCIE}"]
-        env = dict(os.environ, KUBECONFIG=str(cluster.kubeconfig))
-        cluster.spawn("toposlice-scorer-wait", argv, env=env)
-        poll(
-            lambda: (
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2).status == 200
-            ),
-            30,
-            0.1,
-            "scorer /readyz (informers listed)",
-        )
-        config = yaml.safe_load(
-            (REPO / "examples/scheduler/kube-scheduler-config.yaml").read_text()
-        )
-        config["profiles"][0]["schedulerName"] = "toposlice-wait"
-        config["extenders"][0]["urlPrefix"] = f"http://127.0.0.1:{port}"
-        config["clientConnection"] = {"kubeconfig": str(cluster.dir / "scheduler.kubeconfig")}
-        cfg = where / "kube-scheduler-config.yaml"
-        cfg.write_text(yaml.safe_dump(config))
-        gates = ",".join(f"{g}=true" for g in FEATURE_GATES)
-        cluster.spawn(
+            publish_cli_slices(cluster, node, machine)
+        fakes = ["--fake", f"dgx-h100:{DGX}", "--fake", f"pcie-8gpu:{PCIE}"]
+        port = serve_scorer(cluster, "toposlice-scorer-wait", fakes, DRIVER)
+        spawn_extender_scheduler(
+            cluster,
             "kube-scheduler-wait",
-            [
-                str(cluster.bin / "kube-scheduler"),
-                f"--config={cfg}",
-                "--secure-port=0",
-                f"--feature-gates={gates}",
-                f"--pod-max-in-unschedulable-pods-duration={RETRY_S}s",
-            ],
+            port,
+            where,
+            scheduler_name="toposlice-wait",
+            flags=(f"--pod-max-in-unschedulable-pods-duration={RETRY_S}s",),
         )
         yield
     finally:
@@ -123,14 +85,7 @@ def _gpus(n: int) -> list[dict[str, Any]]:
 def _hog(cluster: Cluster, name: str) -> None:
     """Every GPU of the NVSwitch node, through the default scheduler."""
     cluster.apply(claim_pod(name, DGX, _gpus(8), NS))
-    # Unschedulable at first while the previous test's claim is still being released:
-    # the scheduler retries when it is, so wait for the allocation itself.
-    out = poll(
-        lambda: (o := pod_outcome(cluster, NS, name)) and o[0] == "allocated" and o,
-        60,
-        0.3,
-        f"{name} allocated",
-    )
+    out = poll(lambda: pod_outcome(cluster, NS, name), 60, 0.3, f"{name} allocated")
     assert out is not None and out[0] == "allocated", out
 
 

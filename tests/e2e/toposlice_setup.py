@@ -24,7 +24,8 @@ from typing import Any
 
 import yaml
 
-from tests.e2e.cluster import Cluster, free_ports, poll
+from normalize.deviceclasses import device_classes
+from tests.e2e.cluster import FEATURE_GATES, Cluster, free_ports, poll
 from tests.kubelet import Registered, register_retrying, run_argv
 
 REPO = Path(__file__).resolve().parents[2]
@@ -111,8 +112,7 @@ def remove_node_and_slices(cluster: Cluster, node: str) -> None:
     cluster.remove_node(node)
 
 
-def cli_slices(machine: str, node: str, *extra: str) -> list[dict[str, Any]]:
-    """What ``toposlice slices --fake MACHINE --node-name NODE`` prints."""
+def _cli_slices_json(machine: str, node: str, *extra: str) -> str:
     argv = [sys.executable, "-m", "toposlice", "-q", "slices", "--fake", machine]
     proc = subprocess.run(
         [*argv, "--node-name", node, "-o", "json", *extra],
@@ -121,8 +121,85 @@ def cli_slices(machine: str, node: str, *extra: str) -> list[dict[str, Any]]:
         check=True,
         cwd=REPO,
     )
-    data: list[dict[str, Any]] = json.loads(proc.stdout)["items"]  # a v1 List
-    return data
+    return proc.stdout
+
+
+def cli_slices(machine: str, node: str, *extra: str) -> list[dict[str, Any]]:
+    """What ``toposlice slices --fake MACHINE --node-name NODE`` prints."""
+    data: list[dict[str, Any]] = json.loads(_cli_slices_json(machine, node, *extra))["items"]
+    return data  # a v1 List
+
+
+def publish_cli_slices(cluster: Cluster, node: str, machine: str) -> None:
+    """The admin publishes what ``toposlice slices --fake MACHINE --node-name NODE -o json``
+    prints (a v1 List) with kubectl as it is, for tests where no kubelet runs."""
+    out = _cli_slices_json(machine, node)
+    slices = json.loads(out)["items"]
+    cluster.kubectl("create", "-f", "-", input=out)
+    poll(lambda: len(published_slices(cluster, node)) == len(slices), 30, 0.2, "slices")
+
+
+def missing_device_classes(cluster: Cluster, driver: str = DRIVER) -> list[dict[str, Any]]:
+    """The driver's DeviceClasses the cluster lacks: the ones a test creates and deletes."""
+    existing = json.loads(cluster.kubectl("get", "deviceclasses", "-o", "json"))["items"]
+    have = {c["metadata"]["name"] for c in existing}
+    return [c for c in device_classes(driver) if c["metadata"]["name"] not in have]
+
+
+def create_namespace(cluster: Cluster, ns: str) -> None:
+    """Create NS and wait for its default ServiceAccount: pods are refused until the
+    controller-manager made it."""
+    cluster.kubectl("create", "namespace", ns)
+    poll(lambda: cluster.kubectl("-n", ns, "get", "sa", "default", "-o", "name"), 30, 0.2)
+
+
+def serve_scorer(cluster: Cluster, name: str, extra: list[str], driver: str = DRIVER) -> int:
+    """Spawn ``toposlice scorer serve`` (reading claims as admin) as process NAME with
+    EXTRA arguments; returns its port once /readyz answers (its informers have listed: a call
+    before that is answered with an Error, which the scheduler goes on without)."""
+    (port,) = free_ports(1)
+    argv = [sys.executable, "-m", "toposlice", "scorer", "serve", "--http-addr"]
+    argv += [f"127.0.0.1:{port}", "--driver", driver, *extra]
+    env = dict(os.environ, KUBECONFIG=str(cluster.kubeconfig))
+    cluster.spawn(name, argv, env=env)
+    poll(
+        lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2).status == 200,
+        30,
+        0.1,
+        "scorer /readyz (informers listed)",
+    )
+    return port
+
+
+def spawn_extender_scheduler(
+    cluster: Cluster,
+    name: str,
+    port: int,
+    where: Path,
+    scheduler_name: str | None = None,
+    flags: tuple[str, ...] = (),
+) -> None:
+    """A second kube-scheduler, process NAME, with the profile of
+    examples/scheduler/kube-scheduler-config.yaml, its extender at the scorer on PORT (and
+    its schedulerName set to SCHEDULER_NAME when given); config written under WHERE."""
+    config = yaml.safe_load((REPO / "examples/scheduler/kube-scheduler-config.yaml").read_text())
+    if scheduler_name is not None:
+        config["profiles"][0]["schedulerName"] = scheduler_name
+    config["extenders"][0]["urlPrefix"] = f"http://127.0.0.1:{port}"
+    config["clientConnection"] = {"kubeconfig": str(cluster.dir / "scheduler.kubeconfig")}
+    cfg = where / "kube-scheduler-config.yaml"
+    cfg.write_text(yaml.safe_dump(config))
+    gates = ",".join(f"{g}=true" for g in FEATURE_GATES)
+    cluster.spawn(
+        name,
+        [
+            str(cluster.bin / "kube-scheduler"),
+            f"--config={cfg}",
+            "--secure-port=0",
+            f"--feature-gates={gates}",
+            *flags,
+        ],
+    )
 
 
 def claim_of(cluster: Cluster, ns: str, pod: str) -> dict[str, Any] | None:
