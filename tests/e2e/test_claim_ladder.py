@@ -27,6 +27,7 @@ from tests.e2e.toposlice_setup import (
     pod_outcome,
     publish_cli_slices,
     published_slices,
+    tear_down,
 )
 
 pytestmark = pytest.mark.e2e
@@ -50,13 +51,7 @@ def ladder_node(cluster: Cluster) -> Iterator[list[dict[str, Any]]]:
             publish_cli_slices(cluster, node, machine)
         yield published_slices(cluster, NODE)
     finally:
-        cluster.kubectl("-n", NS, "delete", "pod", "--all", "--force", "--grace-period=0")
-        cluster.kubectl("delete", "namespace", NS, "--wait=false")
-        for node in (NODE, DGX):
-            cluster.kubectl("delete", "resourceslices", f"--field-selector=spec.nodeName={node}")
-            cluster.remove_node(node)
-        for c in ours:
-            cluster.kubectl("delete", "deviceclass", c["metadata"]["name"], "--ignore-not-found")
+        tear_down(cluster, NS, (NODE, DGX), ours)
 
 
 def _pod(

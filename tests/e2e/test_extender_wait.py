@@ -33,6 +33,7 @@ from tests.e2e.toposlice_setup import (
     publish_cli_slices,
     serve_scorer,
     spawn_extender_scheduler,
+    tear_down,
 )
 
 pytestmark = pytest.mark.e2e
@@ -69,13 +70,7 @@ def scheduler(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Ite
     finally:
         cluster.kill("kube-scheduler-wait")
         cluster.kill("toposlice-scorer-wait")
-        cluster.kubectl("-n", NS, "delete", "pod", "--all", "--force", "--grace-period=0")
-        cluster.kubectl("delete", "namespace", NS, "--wait=false")
-        for node in (DGX, PCIE):
-            cluster.kubectl("delete", "resourceslices", f"--field-selector=spec.nodeName={node}")
-            cluster.remove_node(node)
-        for c in ours:
-            cluster.kubectl("delete", "deviceclass", c["metadata"]["name"], "--ignore-not-found")
+        tear_down(cluster, NS, (DGX, PCIE), ours)
 
 
 def _gpus(n: int) -> list[dict[str, Any]]:

@@ -153,6 +153,20 @@ def create_namespace(cluster: Cluster, ns: str) -> None:
     poll(lambda: cluster.kubectl("-n", ns, "get", "sa", "default", "-o", "name"), 30, 0.2)
 
 
+def tear_down(
+    cluster: Cluster, ns: str, nodes: tuple[str, ...], classes: list[dict[str, Any]]
+) -> None:
+    """Undo a test that made NS, published slices on NODES by hand and created CLASSES
+    (from :func:`missing_device_classes`)."""
+    cluster.kubectl("-n", ns, "delete", "pod", "--all", "--force", "--grace-period=0")
+    cluster.kubectl("delete", "namespace", ns, "--wait=false")
+    for node in nodes:
+        cluster.kubectl("delete", "resourceslices", f"--field-selector=spec.nodeName={node}")
+        cluster.remove_node(node)
+    for c in classes:
+        cluster.kubectl("delete", "deviceclass", c["metadata"]["name"], "--ignore-not-found")
+
+
 def serve_scorer(cluster: Cluster, name: str, extra: list[str], driver: str = DRIVER) -> int:
     """Spawn ``toposlice scorer serve`` (reading claims as admin) as process NAME with
     EXTRA arguments; returns its port once /readyz answers (its informers have listed: a call
