@@ -22,6 +22,7 @@ import time
 import urllib.request
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -130,20 +131,28 @@ def registry_sockets(node: Node) -> list[str]:
     return sorted(p.name for p in (node.kubelet_dir / "plugins_registry").glob("*"))
 
 
-@pytest.fixture(scope="module")
-def release(node: Node) -> Iterator[Any]:
+@contextmanager
+def installed(node: Node, workloads: str) -> Iterator[Any]:
+    """The chart installed with ``values(node)`` through Helm's SDK, its plugin pod Ready
+    and the namespace ``workloads`` made (the helm Config is yielded); the namespace and
+    the release are removed after."""
     cfg = helm.Config(kubeconfig_path=str(node.cluster.kubeconfig), namespace=NAMESPACE)
     t0 = time.monotonic()
     cfg.install(str(CHART), RELEASE, values(node), namespace=NAMESPACE, create_namespace=True)
-    pod = poll(lambda: ready_plugin(node), timeout=120, interval=0.25, what="plugin pod Ready")
-    FIGURES["helm install to plugin pod Ready"] = f"{time.monotonic() - t0:.1f} s"
-    assert pod
-    node.cluster.kubectl("create", "namespace", WORKLOADS)
+    poll(lambda: ready_plugin(node), timeout=120, interval=0.25, what="plugin pod Ready")
+    FIGURES.setdefault("helm install to plugin pod Ready", f"{time.monotonic() - t0:.1f} s")
+    node.cluster.kubectl("create", "namespace", workloads, check=False)
     try:
         yield cfg
     finally:
-        node.cluster.kubectl("delete", "namespace", WORKLOADS, "--wait=false", check=False)
+        node.cluster.kubectl("delete", "namespace", workloads, "--wait=false", check=False)
         cfg.uninstall(RELEASE, ignore_not_found=True, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def release(node: Node) -> Iterator[Any]:
+    with installed(node, WORKLOADS) as cfg:
+        yield cfg
 
 
 # -- install ---------------------------------------------------------------------------------

@@ -29,18 +29,15 @@ from tests.e2e.cluster import poll
 from tests.node.conftest import FIGURES, WORKLOAD_IMAGE
 from tests.node.node import Node
 from tests.node.test_chart_on_node import (
-    CHART,
     DRIVER,
-    NAMESPACE,
     RELEASE,
     container_id,
     get,
-    helm,
+    installed,
     kill_plugin,
     plugin_pods,
     ready_plugin,
     slices,
-    values,
 )
 
 pytestmark = pytest.mark.node
@@ -111,15 +108,8 @@ def workload() -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def release(node: Node) -> Iterator[Any]:
-    cfg = helm.Config(kubeconfig_path=str(node.cluster.kubeconfig), namespace=NAMESPACE)
-    cfg.install(str(CHART), RELEASE, values(node), namespace=NAMESPACE, create_namespace=True)
-    poll(lambda: ready_plugin(node), timeout=120, interval=0.25, what="plugin pod Ready")
-    node.cluster.kubectl("create", "namespace", WORKLOADS)
-    try:
+    with installed(node, WORKLOADS) as cfg:
         yield cfg
-    finally:
-        node.cluster.kubectl("delete", "namespace", WORKLOADS, "--wait=false", check=False)
-        cfg.uninstall(RELEASE, ignore_not_found=True, timeout=60)
 
 
 def running_pod(node: Node) -> dict[str, Any] | None:

@@ -38,22 +38,19 @@ pytestmark = pytest.mark.node
 helm = pytest.importorskip("helm_python", reason="helm-python-sdk (test extra) not installed")
 
 from tests.node.test_chart_on_node import (  # noqa: E402
-    CHART,
     DRIVER,
-    NAMESPACE,
     REDISCOVER_S,
-    RELEASE,
     WORKLOADS,
     check_container,
     claim_of,
     container_id,
     get,
+    installed,
     kill_plugin,
     plugin_url,
     ready_plugin,
     start_example,
     stop_example,
-    values,
 )
 
 EXAMPLE = "gpu-nic-same-pcie-root.yaml"
@@ -63,17 +60,12 @@ LIB_TEXT = "stand-in libcuda for the node tier\n"
 
 @pytest.fixture(scope="module")
 def release(node: Node) -> Iterator[Any]:
-    cfg = helm.Config(kubeconfig_path=str(node.cluster.kubeconfig), namespace=NAMESPACE)
     (node.cdi_dir / "nvidia.yaml").unlink(missing_ok=True)
-    cfg.install(str(CHART), RELEASE, values(node), namespace=NAMESPACE, create_namespace=True)
-    poll(lambda: ready_plugin(node), timeout=120, interval=0.25, what="plugin pod Ready")
-    node.cluster.kubectl("create", "namespace", WORKLOADS, check=False)
     try:
-        yield cfg
+        with installed(node, WORKLOADS) as cfg:
+            yield cfg
     finally:
         (node.cdi_dir / "nvidia.yaml").unlink(missing_ok=True)
-        node.cluster.kubectl("delete", "namespace", WORKLOADS, "--wait=false", check=False)
-        cfg.uninstall(RELEASE, ignore_not_found=True, timeout=60)
 
 
 def stand_in(node: Node) -> dict[str, Any]:
