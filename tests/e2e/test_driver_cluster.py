@@ -290,9 +290,13 @@ def _run_example(
             assert resp.error == ""
             assert {dev.device_name for dev in resp.devices} == ours
             assert {dev.pool_name for dev in resp.devices} == {node}
-            (spec_file,) = [p for p in d.cdi.iterdir() if uid in p.name]
+            # the claim's own spec, and one device-metadata spec per request (KEP-5304)
+            specs = [p for p in d.cdi.iterdir() if uid in p.name]
+            (spec_file,) = [p for p in specs if "_metadata_" not in p.name]
             spec = json.loads(spec_file.read_text())
             assert {dev["name"] for dev in spec["devices"]} == {f"{uid}-{n}" for n in ours}
+            requests = {r["request"].split("/")[0] for r in results if r["driver"] == DRIVER}
+            assert len(specs) - 1 == len(requests), [p.name for p in specs]
             topo = [p for p in _files_naming(d.state, uid) if p.suffix == ".xml"]
             endpoints = {n for n in ours if not n.startswith("cpu-")}
             if endpoints:

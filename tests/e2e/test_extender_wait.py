@@ -80,7 +80,14 @@ def _gpus(n: int) -> list[dict[str, Any]]:
 def _hog(cluster: Cluster, name: str) -> None:
     """Every GPU of the NVSwitch node, through the default scheduler."""
     cluster.apply(claim_pod(name, DGX, _gpus(8), NS))
-    out = poll(lambda: pod_outcome(cluster, NS, name), 60, 0.3, f"{name} allocated")
+    # Unschedulable at first while the previous test's claim is still being released:
+    # the scheduler retries when it is, so wait for the allocation itself.
+    out = poll(
+        lambda: (o := pod_outcome(cluster, NS, name)) and o[0] == "allocated" and o,
+        60,
+        0.3,
+        f"{name} allocated",
+    )
     assert out is not None and out[0] == "allocated", out
 
 
