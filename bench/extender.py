@@ -12,7 +12,10 @@ client in a process of its own, on one kept-alive connection, then POSTs Extende
 kube-scheduler does with ``nodeCacheCapable: true`` (``NodeNames``, capitalised keys) for
 five request shapes:
 
-* **cold**: the first filter of each shape (every distinct node state searched once);
+* **cold**: the first filters of each shape (every distinct node state searched once,
+  at most ``SEARCH_BUDGET_S`` of searching per call, the rest answered from the bound
+  until a later call searched it): the first call's time, the calls until no node is
+  left unsearched, and the slowest of them;
 * **steady**: ``--rounds`` rounds of filter + prioritize per shape, nothing changing;
 * **churn**: the same while another thread allocates or releases a claim on a random
   node ``--churn-rate`` times a second (what the claim informer does with the
@@ -330,6 +333,7 @@ def main(argv: list[str] | None = None) -> int:
         file=sys.stderr,
     )
 
+    gc.freeze()  # what scorer.extender_server.serve does once a burst of fetches is done
     server = ExtenderServer("127.0.0.1:0", ext).start()
     client = Client(server.url)
     bodies_by_shape = [_args(s, names, None) for s in SHAPES]
@@ -340,11 +344,26 @@ def main(argv: list[str] | None = None) -> int:
     }
 
     gcp = GcPauses()
-    cold = []
+    # A shape's first call searches for SEARCH_BUDGET_S and answers the rest from the
+    # bound; its next calls go on searching until every node has its verdict.
+    cold: list[float] = []
+    cold_calls: list[float] = []
+    fill_calls: list[int] = []
     for body in bodies_by_shape:
-        ms, _ = client.post("filter", body)
-        cold.append(round(ms, 1))
+        calls = 0
+        while True:
+            bounded = ext.bounded
+            ms, _ = client.post("filter", body)
+            calls += 1
+            cold_calls.append(ms)
+            if calls == 1:
+                cold.append(round(ms, 1))
+            if ext.bounded == bounded:
+                break
+        fill_calls.append(calls)
     out["cold_filter_ms"] = cold
+    out["cold_fill_calls"] = fill_calls
+    out["cold_max_ms"] = round(max(cold_calls), 1)
     out["cold_searches"] = ext.searches
     out["cold_gc"] = gcp.take()
 
@@ -418,7 +437,11 @@ def main(argv: list[str] | None = None) -> int:
     s = out["objects"]["filter"]
     row = ("objects", "filter", s["n"], s["p50"], s["p99"], s["max"], "-")
     print("{:<10} {:<11} {:>5} {:>8} {:>8} {:>8} {:>14}".format(*row), file=sys.stderr)
-    print(f"cold filter per shape (ms): {cold}; searches {out['cold_searches']}", file=sys.stderr)
+    print(
+        f"cold: first filter per shape (ms) {cold}; calls until every node was searched "
+        f"{fill_calls}, slowest of them {out['cold_max_ms']} ms; searches {out['cold_searches']}",
+        file=sys.stderr,
+    )
     print(json.dumps(out))
     return 0
 

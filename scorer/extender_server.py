@@ -93,29 +93,29 @@ class ExtenderServer(HttpTransport):
         def done(f: Any) -> None:
             try:
                 status, body = f.result()
-                out.set_result(self._json(verb, status, body, keep))
+                out.set_result(self.response(verb, status, JSON, body, keep, False))
             except Exception as exc:  # _call catches; this is the last line of defence
                 out.set_exception(exc)
 
         fut.add_done_callback(done)
         return out
 
-    def _call(self, verb: str, raw: bytes) -> tuple[int, Any]:
-        """(status, answer) for one verb, in a worker thread."""
+    def _call(self, verb: str, raw: bytes) -> tuple[int, bytes]:
+        """(status, JSON answer) for one verb, in a worker thread."""
         t0 = time.perf_counter()
         try:
             args = json.loads(raw)
             if not isinstance(args, dict):
                 raise ValueError("ExtenderArgs must be a JSON object")
         except ValueError as exc:
-            return 400, {"error": f"bad ExtenderArgs: {exc}"}
+            return 400, _dumps({"error": f"bad ExtenderArgs: {exc}"})
         try:
             if verb == "filter":
-                return 200, self.ext.filter(args)
-            return 200, self.ext.prioritize(args)
+                return 200, self.ext.filter_json(args)
+            return 200, self.ext.prioritize_json(args)
         except Exception as exc:  # a bad pod or graph must not kill the server
             log.exception("extender %s failed", verb)
-            return (200, filter_error(str(exc))) if verb == "filter" else (500, [])
+            return (200, _dumps(filter_error(str(exc)))) if verb == "filter" else (500, b"[]")
         finally:
             self.seconds.labels(verb).observe(time.perf_counter() - t0)
 
@@ -128,8 +128,11 @@ class ExtenderServer(HttpTransport):
         head_only: bool = False,
         extra: bytes = b"",
     ) -> bytes:
-        data = json.dumps(body, separators=(",", ":")).encode()
-        return self.response(route, status, JSON, data, keep, head_only, extra)
+        return self.response(route, status, JSON, _dumps(body), keep, head_only, extra)
+
+
+def _dumps(body: Any) -> bytes:
+    return json.dumps(body, separators=(",", ":")).encode()
 
 
 #: Seconds between moves of the collector's survivors into its permanent generation.
@@ -137,20 +140,30 @@ FREEZE_EVERY_S = 30.0
 
 
 def serve(server: ExtenderServer, freeze_every_s: float = FREEZE_EVERY_S) -> None:
-    """Block while ``server`` runs; every ``freeze_every_s`` move the objects that
-    survived so far out of the cyclic garbage collector's reach (``gc.freeze``).
+    """Block while ``server`` runs; every ``freeze_every_s``, and as soon as a burst of
+    graph fetches is done, move the objects that survived so far out of the cyclic
+    garbage collector's reach (``gc.freeze``).
 
     Why: the caches (1,000 nodes' views, verdict tables, search results) are long-lived
     and acyclic; a full collection walking them took 80 ms of CPU at N=1000 (0.3-0.9 s
-    wall on a loaded 2-core machine), a pause any call could land in. Frozen objects are
-    still freed by reference counting when replaced; only reference cycles alive at a
-    freeze would stay, and the caches hold none."""
+    wall on a loaded 2-core machine), a pause any call could land in. The graphs of a
+    starting scorer arrive within seconds, just when the first calls of every request
+    shape come (bench/extender.py's cold phase saw an 80-125 ms collection there before
+    this froze them at once). Frozen objects are still freed by reference counting when
+    replaced; only reference cycles alive at a freeze would stay, and the caches hold
+    none."""
     import gc
 
+    graphs = server.ext.cluster.graphs
     gc.freeze()
+    last, fetched = time.monotonic(), graphs.stats.fetched
     while server._thread is not None and server._thread.is_alive():
-        server._thread.join(freeze_every_s)
-        gc.freeze()
+        server._thread.join(1.0)
+        now = time.monotonic()
+        settled = graphs.stats.fetched != fetched and graphs.idle()
+        if settled or now - last >= freeze_every_s:
+            gc.freeze()
+            last, fetched = now, graphs.stats.fetched
 
 
 class _Live(Collector):
