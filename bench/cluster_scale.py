@@ -509,7 +509,9 @@ def run_kind(
     limits: str,
     run_timeout: float,
     stall: float,
+    scheduler_name: str | None = None,
 ) -> KindResult:
+    """``scheduler_name``: the pods' schedulerName (None: the default profile)."""
     run = uuid.uuid4().hex[:8]
     label = f"bench-run={run}"
     ns = NAMESPACE
@@ -536,6 +538,7 @@ def run_kind(
             "kind": "Pod",
             "metadata": {"name": name, "labels": {"bench-run": run}},
             "spec": {
+                **({"schedulerName": scheduler_name} if scheduler_name else {}),
                 "terminationGracePeriodSeconds": 0,
                 "tolerations": [{"operator": "Exists"}],
                 "resourceClaims": [{"name": "c", "resourceClaimName": name}],
