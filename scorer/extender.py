@@ -93,6 +93,9 @@ SHAPES_KEPT = 256
 #: What keeps the first call of a new request shape (every distinct node state unknown:
 #: ~1,400 searches, 1-2 s at N=1000) far inside the scheduler's ``httpTimeout``.
 SEARCH_BUDGET_S = 0.015
+#: Searches a call may run whatever they cost (a node's first search also fills that
+#: hardware's own caches), so a call with a few candidates is always fully ranked.
+MIN_SEARCHES = 4
 #: Longest a call waits for the informers' first LIST (the scorer just started) before it
 #: answers with an error, which an ``ignorable`` extender's scheduler goes on without.
 SYNC_WAIT_S = 2.0
@@ -100,6 +103,11 @@ SYNC_WAIT_S = 2.0
 #: cache (the scheduler's own informer can be a few milliseconds ahead of ours).
 CLAIM_LAG_S = 1.0
 CLAIM_LAG_POLL_S = 0.01
+
+
+class WouldWait(Exception):
+    """A ``quick`` call (answered on the server's event loop, without a thread handoff)
+    would have to wait for the caches or search a node: run it in a worker instead."""
 
 
 class NotReady(RuntimeError):
@@ -156,15 +164,20 @@ class Extender:
 
     # -- the pod's workload --------------------------------------------------------------
 
-    def workload(self, pod: dict[str, Any]) -> Request | None:
-        """The pod's request, or None when it asks for no GPUs of this driver."""
+    def workload(self, pod: dict[str, Any], quick: bool = False) -> Request | None:
+        """The pod's request, or None when it asks for no GPUs of this driver. ``quick``:
+        raise :class:`WouldWait` rather than wait for the informers."""
         meta = pod.get("metadata") or {}
         ns = str(meta.get("namespace") or "default")
         ann = (meta.get("annotations") or {}).get(PROFILE_ANNOTATION)
-        ok, why = self.cluster.wait_synced(SYNC_WAIT_S)
+        ok, why = self.cluster.synced() if quick else self.cluster.wait_synced(SYNC_WAIT_S)
+        if quick and not ok:
+            raise WouldWait(why)
         if not ok:
             raise NotReady(f"toposlice scorer not ready: {why}")
         counts = self._from_claims(pod, ns)
+        if quick and isinstance(counts, str):
+            raise WouldWait(counts)
         deadline = time.monotonic() + CLAIM_LAG_S
         while isinstance(counts, str) and time.monotonic() < deadline:
             time.sleep(CLAIM_LAG_POLL_S)
@@ -255,13 +268,16 @@ class Extender:
         shared = (topo.signature, use, view.key)
         found = self._shared.get(shared)
         if found is None:
-            if budget is not None and budget.left <= 0:
+            if budget is not None and budget.quick:
+                raise WouldWait(node)
+            if budget is not None and budget.left <= 0 and budget.searches >= MIN_SEARCHES:
                 self.bounded += 1
                 return self._bound(topo, use, req, view)
             t0 = time.perf_counter()
             found = self._search(topo, use, req)
             if budget is not None:
                 budget.left -= time.perf_counter() - t0
+                budget.searches += 1
             if len(self._shared) >= SHARED_CACHE_LIMIT:
                 self._shared.clear()
             self._shared[shared] = found
@@ -290,10 +306,11 @@ class Extender:
         free = len(topo.gpu_devices) - len(topo.gpu_devices & use.used)
         return view.too_few if free < req.gpus else view.unsearched
 
-    def verdicts(self, req: Request, nodes: list[Any]) -> dict[str, Verdict]:
-        """Every candidate's verdict, in the order sent (names or Node objects)."""
+    def verdicts(self, req: Request, nodes: list[Any], quick: bool = False) -> dict[str, Verdict]:
+        """Every candidate's verdict, in the order sent (names or Node objects).
+        ``quick``: raise :class:`WouldWait` rather than search."""
         view = self.shape(req)
-        budget = _Budget(SEARCH_BUDGET_S)
+        budget = _Budget(0.0, True) if quick else _Budget(SEARCH_BUDGET_S)
         if req.node_labels:
             return {
                 name: self.verdict(name, labels, req, view, budget)
@@ -358,21 +375,25 @@ class Extender:
         out: list[dict[str, Any]] = json.loads(self.prioritize_json(args))
         return out
 
-    def filter_json(self, args: dict[str, Any]) -> bytes:
+    def filter_json(self, args: dict[str, Any], quick: bool = False) -> bytes:
         """ExtenderFilterResult as the JSON the scheduler reads. With names on the wire
         (``nodeCacheCapable``) the body is joined from per-name and per-reason pieces
-        encoded once, not built as objects and serialised for 1,000 nodes per call."""
+        encoded once, not built as objects and serialised for 1,000 nodes per call.
+        ``quick``: only from what is at hand, else :class:`WouldWait` (a search, a wait
+        for the informers, the expected-completion rule over every node)."""
         nodes, by_name = _nodes(args)
         pod = wire_field(args, "Pod") or {}
         try:
-            req = self.workload(pod)
+            req = self.workload(pod, quick)
         except (ValueError, NotReady) as exc:
             return _dumps(_filter_result([], {}, by_name, error=str(exc)))
         if req is None:
             if not by_name:
                 return _dumps(_filter_result(nodes, {}, by_name))
             return self._json.filter(nodes, {})
-        kept, failed = self.decide(req, self.verdicts(req, nodes))
+        if quick and (req.expected_run_s or kueue_hint(pod)) is not None:
+            raise WouldWait("expected completion")
+        kept, failed = self.decide(req, self.verdicts(req, nodes, quick))
         # Expected completion (issue #24): held off slow nodes while a faster one may free
         # within the pod's bound; the reason goes to FailedNodes.
         waits = self.waits(pod, req, set(kept))
@@ -384,27 +405,31 @@ class Extender:
             return _dumps(_filter_result([n for n in nodes if _name_of(n) in keep], failed, False))
         return self._json.filter(kept, failed)
 
-    def prioritize_json(self, args: dict[str, Any]) -> bytes:
-        """HostPriorityList as JSON, joined from per-(name, score) pieces."""
+    def prioritize_json(self, args: dict[str, Any], quick: bool = False) -> bytes:
+        """HostPriorityList as JSON, joined from per-(name, score) pieces (``quick``: as
+        for :meth:`filter_json`)."""
         nodes, by_name = _nodes(args)
         try:
-            req = self.workload(wire_field(args, "Pod") or {})
+            req = self.workload(wire_field(args, "Pod") or {}, quick)
         except (ValueError, NotReady):
             req = None
         names = nodes if by_name else [_name_of(n) for n in nodes]
         if req is None:
             return self._json.priorities((n, 0) for n in names)
-        verdicts = self.verdicts(req, names)
+        verdicts = self.verdicts(req, names, quick)
         return self._json.priorities((n, v.priority) for n, v in verdicts.items())
 
 
 class _Budget:
-    """Search seconds a call has left (shared by its nodes)."""
+    """Search seconds a call has left (shared by its nodes); ``quick``: none, and none
+    answered from the bound either."""
 
-    __slots__ = ("left",)
+    __slots__ = ("left", "quick", "searches")
 
-    def __init__(self, seconds: float) -> None:
+    def __init__(self, seconds: float, quick: bool = False) -> None:
         self.left = seconds
+        self.quick = quick
+        self.searches = 0
 
 
 #: Names and reasons whose JSON is kept before the tables start over.

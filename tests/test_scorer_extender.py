@@ -448,6 +448,7 @@ def test_a_call_past_its_search_budget_answers_from_the_bound(
     cache.apply("ResourceClaim", "ADDED", _allocated("most", "dgx-1", taken))
     args = {"Pod": _pod({"gpus": 2}), "NodeNames": ["dgx-1", "node-b", "pcie-1"]}
     monkeypatch.setattr(extender, "SEARCH_BUDGET_S", 0.0)
+    monkeypatch.setattr(extender, "MIN_SEARCHES", 0)
     ext = Extender(cache)
     hurried = ext.filter(args)
     assert ext.searches == 0 and ext.bounded == 3
@@ -482,3 +483,24 @@ def test_answers_are_the_wire_format_of_go_s_types() -> None:
     prio = json.loads(ext.prioritize_json(args))
     assert [p["Host"] for p in prio] == names
     assert all(set(p) == {"Host", "Score"} and 0 <= p["Score"] <= 10 for p in prio)
+
+
+def test_a_quick_call_answers_only_from_warm_tables() -> None:
+    """The server first tries a call on its event loop (``quick``): that gives up, rather
+    than search or wait, until the shape's table holds every candidate, and then answers
+    exactly what the worker would have."""
+    from scorer.extender import WouldWait
+
+    ext = Extender(_cache())
+    args = {"Pod": _pod({"gpus": 2}), "NodeNames": ["dgx-1", "node-b", "pcie-1"]}
+    with pytest.raises(WouldWait):
+        ext.filter_json(args, quick=True)
+    with pytest.raises(WouldWait):
+        ext.prioritize_json(args, quick=True)
+    assert ext.searches == 0
+    slow = ext.filter_json(args), ext.prioritize_json(args)
+    assert (ext.filter_json(args, quick=True), ext.prioritize_json(args, quick=True)) == slow
+    # A claim the informers have not seen yet: the quick call does not poll for it.
+    missing = _pod(None, [{"name": "c", "resourceClaimName": "not-yet"}])
+    with pytest.raises(WouldWait):
+        ext.filter_json({"Pod": missing, "NodeNames": ["dgx-1"]}, quick=True)
