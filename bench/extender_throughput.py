@@ -84,13 +84,27 @@ class ScorerCounts:
     calls: dict[str, float]
     seconds: dict[str, float]
     graph_requests: float
+    buckets: dict[str, dict[float, float]]
+    """verb -> upper bound (s) -> calls at most that long (the histogram's buckets)."""
 
     def minus(self, before: ScorerCounts) -> ScorerCounts:
         return ScorerCounts(
             {v: n - before.calls.get(v, 0.0) for v, n in self.calls.items()},
             {v: s - before.seconds.get(v, 0.0) for v, s in self.seconds.items()},
             self.graph_requests - before.graph_requests,
+            {
+                v: {le: n - before.buckets.get(v, {}).get(le, 0.0) for le, n in b.items()}
+                for v, b in self.buckets.items()
+            },
         )
+
+    def p99_bound_ms(self, verb: str) -> float | None:
+        """The histogram bucket the 99th percentile call fell in (its upper bound)."""
+        total = self.calls.get(verb, 0.0)
+        for le, n in sorted(self.buckets.get(verb, {}).items()):
+            if total and n >= 0.99 * total:
+                return 1000 * le
+        return None
 
 
 def scorer_counts(url: str) -> ScorerCounts:
@@ -99,15 +113,18 @@ def scorer_counts(url: str) -> ScorerCounts:
     calls: dict[str, float] = {}
     seconds: dict[str, float] = {}
     graph_requests = 0.0
+    buckets: dict[str, dict[float, float]] = {}
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
-            if s.name == "toposlice_extender_call_seconds_count":
+            if s.name == "toposlice_extender_call_seconds_bucket":
+                buckets.setdefault(s.labels["verb"], {})[float(s.labels["le"])] = s.value
+            elif s.name == "toposlice_extender_call_seconds_count":
                 calls[s.labels["verb"]] = s.value
             elif s.name == "toposlice_extender_call_seconds_sum":
                 seconds[s.labels["verb"]] = s.value
             elif s.name == "toposlice_extender_graph_requests_total":
                 graph_requests += s.value
-    return ScorerCounts(calls, seconds, graph_requests)
+    return ScorerCounts(calls, seconds, graph_requests, buckets)
 
 
 def graphs_of(nodes: Sequence[tuple[str, str]]) -> dict[str, bytes]:
@@ -249,7 +266,8 @@ def turn_line(t: Turn) -> str:
     if s is not None and t.profile == "extender":
         calls = {v: int(n) for v, n in s.calls.items()}
         mean = {v: round(1000 * s.seconds[v] / n, 2) for v, n in s.calls.items() if n}
-        line += f"  scorer calls {calls} mean ms {mean}"
+        p99 = {v: s.p99_bound_ms(v) for v in s.calls}
+        line += f"  scorer calls {calls} mean ms {mean} p99 <= ms {p99}"
     return line + f"  node-endpoint requests {t.endpoint_requests}"
 
 
