@@ -317,7 +317,8 @@ class Extender:
                 for name, labels, _ in _named(nodes)
             }
         get = view.verdicts.get
-        names = nodes if all(type(n) is str for n in nodes) else [_name_of(n) for n in nodes]
+        # One list is all names (NodeNames) or all Node objects (Nodes.items).
+        names = nodes if not nodes or type(nodes[0]) is str else [_name_of(n) for n in nodes]
         out = {n: get(n) for n in names}
         for name, v in out.items():  # only values change: safe while iterating
             if v is None:
