@@ -21,6 +21,9 @@ five request shapes:
   node ``--churn-rate`` times a second (what the claim informer does with the
   scheduler's bindings): those nodes' entries are searched again when next asked;
 * **objects**: filter with whole Node objects (``nodeCacheCapable: false``), for scale;
+* **refetch**: every node's slices republished and its graph changed (new ETag): the
+  fetch workers fetch and parse 1,000 graphs while the calls run (the background
+  requests of this phase are those, none made by a call);
 * **hung**: ``--hung`` nodes' endpoints stop answering and their slices change (so their
   graphs are fetched again, and hang): the calls go on at the same speed.
 
@@ -154,10 +157,14 @@ def _node(name: str, machine: str, full: bool) -> dict[str, Any]:
     return node
 
 
-def _slice(node: str) -> dict[str, Any]:
+def _slice(node: str, generation: int = 1) -> dict[str, Any]:
     return {
         "metadata": {"name": f"00000-{DRIVER}-{node}-aaaaa", "resourceVersion": "1"},
-        "spec": {"driver": DRIVER, "nodeName": node, "pool": {"name": node, "generation": 1}},
+        "spec": {
+            "driver": DRIVER,
+            "nodeName": node,
+            "pool": {"name": node, "generation": generation},
+        },
     }
 
 
@@ -288,9 +295,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--fetch-workers", type=int, default=8)
     ap.add_argument(
+        "--switch-interval",
+        type=float,
+        default=None,
+        help="sys.setswitchinterval for this process (default: Python's, 5 ms)",
+    )
+    ap.add_argument(
         "--churn-rate", type=float, default=50.0, help="claim changes per second (churn phase)"
     )
     a = ap.parse_args(argv)
+    if a.switch_interval:
+        sys.setswitchinterval(a.switch_interval)
     rng = random.Random(a.seed)
     # The hung phase's fetches time out by design; their warnings are not news here.
     logging.basicConfig(level=logging.ERROR)
@@ -408,12 +423,20 @@ def main(argv: list[str] | None = None) -> int:
     out["objects"] = {"body_bytes": len(big), "filter": _summary(obj_ms)}
     out["names_body_bytes"] = len(bodies_by_shape[1])
 
+    # Every node's slices republished with a graph that changed (new ETags): 1,000
+    # refetches, each parsed into a view by the fetch workers while the calls run.
+    exporters.etags = {n: e[:-1] + b'-2"' for n, e in exporters.etags.items()}
+    fetched = source.stats.fetched
+    for n in names:
+        cache.apply("ResourceSlice", "MODIFIED", _slice(n, 2))
+    refetch_run = rounds(False)
+    refetch_run["graphs_refetched_during"] = source.stats.fetched - fetched
+    out["refetch"] = refetch_run
+
     hung = names[: a.hung]
     exporters.hung.update(hung)
     for n in hung:
-        bumped = _slice(n)
-        bumped["spec"]["pool"]["generation"] = 2
-        cache.apply("ResourceSlice", "MODIFIED", bumped)
+        cache.apply("ResourceSlice", "MODIFIED", _slice(n, 3))
     time.sleep(0.5)  # the refetches are out, and hang
     hung_run = rounds(False)
     hung_run["fetches_waiting"] = len(source._running)
@@ -426,7 +449,7 @@ def main(argv: list[str] | None = None) -> int:
 
     head = ("phase", "verb", "n", "p50 ms", "p99 ms", "max ms", "node requests")
     print("{:<10} {:<11} {:>5} {:>8} {:>8} {:>8} {:>14}".format(*head), file=sys.stderr)
-    for phase in ("steady", "churn", "hung"):
+    for phase in ("steady", "churn", "refetch", "hung"):
         for verb in ("filter", "prioritize"):
             s = out[phase][verb]
             print(
