@@ -17,6 +17,7 @@ five request shapes:
   until a later call searched it): the first call's time, the calls until no node is
   left unsearched, and the slowest of them;
 * **steady**: ``--rounds`` rounds of filter + prioritize per shape, nothing changing;
+* **in-process**: the steady calls again without HTTP (parse, answer), in this process;
 * **churn**: the same while another thread allocates or releases a claim on a random
   node ``--churn-rate`` times a second (what the claim informer does with the
   scheduler's bindings): those nodes' entries are searched again when next asked;
@@ -414,6 +415,17 @@ def main(argv: list[str] | None = None) -> int:
         }
 
     out["steady"] = rounds(False)
+    # The same calls without HTTP, in this process: the extender's own work per call.
+    own: dict[str, list[float]] = {"filter": [], "prioritize": []}
+    for _ in range(a.rounds):
+        for body in bodies_by_shape:
+            t0 = time.perf_counter()
+            ext.filter_json(json.loads(body))
+            t1 = time.perf_counter()
+            ext.prioritize_json(json.loads(body))
+            own["filter"].append((t1 - t0) * 1e3)
+            own["prioritize"].append((time.perf_counter() - t1) * 1e3)
+    out["in_process"] = {verb: _summary(ms) for verb, ms in own.items()}
     out["churn"] = rounds(True)
 
     gc.freeze()
@@ -457,6 +469,9 @@ def main(argv: list[str] | None = None) -> int:
                 f"{out[phase]['endpoint_requests']:>14}  gc {out[phase]['gc']}",
                 file=sys.stderr,
             )
+    for verb, s in out["in_process"].items():
+        row = ("in-process", verb, s["n"], s["p50"], s["p99"], s["max"], "-")
+        print("{:<10} {:<11} {:>5} {:>8} {:>8} {:>8} {:>14}".format(*row), file=sys.stderr)
     s = out["objects"]["filter"]
     row = ("objects", "filter", s["n"], s["p50"], s["p99"], s["max"], "-")
     print("{:<10} {:<11} {:>5} {:>8} {:>8} {:>8} {:>14}".format(*row), file=sys.stderr)
