@@ -57,8 +57,6 @@ class Verdict:
 
     score: float
     reason: str = ""
-    provisional: bool = False
-    """From the bound, not a search: not cached, searched by a later call."""
     fits: bool = field(init=False)
     priority: int = field(init=False)
     """The HostPriority score, 0..MAX_EXTENDER_PRIORITY (computed once: read per node
@@ -82,8 +80,8 @@ class _Shape:
         self.verdicts: dict[str, Verdict] = {}
         self.key = req.key()
         # The two answers of the bound (Extender._bound), made once per shape.
-        self.too_few = Verdict(-1.0, f"no {req.gpus}-GPU placement fits the free devices", True)
-        self.unsearched = Verdict(0.0, "", True)
+        self.too_few = Verdict(-1.0, f"no {req.gpus}-GPU placement fits the free devices")
+        self.unsearched = Verdict(0.0)
 
 
 #: Request shapes whose verdicts are kept (least recently used dropped first).
@@ -414,10 +412,11 @@ class Extender:
             req = self.workload(wire_field(args, "Pod") or {}, quick)
         except (ValueError, NotReady):
             req = None
-        names = nodes if by_name else [_name_of(n) for n in nodes]
         if req is None:
+            names = nodes if by_name else [_name_of(n) for n in nodes]
             return self._json.priorities((n, 0) for n in names)
-        verdicts = self.verdicts(req, names, quick)
+        # Node objects as sent: their labels are what nodeLabels constraints are checked on.
+        verdicts = self.verdicts(req, nodes, quick)
         return self._json.priorities((n, v.priority) for n, v in verdicts.items())
 
 

@@ -504,3 +504,14 @@ def test_a_quick_call_answers_only_from_warm_tables() -> None:
     missing = _pod(None, [{"name": "c", "resourceClaimName": "not-yet"}])
     with pytest.raises(WouldWait):
         ext.filter_json({"Pod": missing, "NodeNames": ["dgx-1"]}, quick=True)
+
+
+def test_prioritize_checks_label_constraints_on_the_node_objects_sent() -> None:
+    """With whole Node objects on the wire (no Node informer, e.g. ``--no-kube``) the
+    labels checked are the ones sent, for prioritize as for filter."""
+    ext = Extender(_cache())  # the informers never saw node-b
+    pod = _pod({"gpus": 2, "constraints": {"nodeLabels": {"tenant": "z"}}})
+    args = {"Pod": pod, "Nodes": {"items": [_node("node-b", {"tenant": "z"}), _node("node-a")]}}
+    assert ext.filter(args)["Nodes"]["items"][0]["metadata"]["name"] == "node-b"
+    scores = {p["Host"]: p["Score"] for p in ext.prioritize(args)}
+    assert scores["node-b"] > 0 and scores["node-a"] == 0
