@@ -30,6 +30,7 @@ import dataclasses
 import json
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -151,7 +152,7 @@ class Extender:
     def __init__(self, cluster: ClusterCache) -> None:
         self.cluster = cluster
         self.driver = cluster.driver
-        self._shapes: dict[Any, _Shape] = {}
+        self._shapes: OrderedDict[Any, _Shape] = OrderedDict()
         self._pool_nodes: dict[str, set[str]] = {}
         self._shared: dict[tuple[Any, ...], Verdict] = {}
         self._json = _Encoded()
@@ -219,22 +220,24 @@ class Extender:
         cache's change log (an allocation, a release, a new graph: only those nodes'
         entries are dropped and searched again when next asked)."""
         key = req.key()
-        view = self._shapes.pop(key, None)  # re-inserted last: the dict is the LRU order
+        # Never out of the table while it is brought up to date: a call of the same shape
+        # in another thread (a worker and the event loop) must not start a fresh one.
+        view = self._shapes.get(key)
         base, log = self.cluster.change_base, self.cluster.changes
         n = len(log)
         if view is None or view.seq < base:
-            view = _Shape(base + n, req)
+            view = self._shapes[key] = _Shape(base + n, req)
         else:
             for kind, name in log[view.seq - base : n]:
                 if kind == "pool":
-                    for node in self._pool_nodes.get(name, ()):
+                    for node in tuple(self._pool_nodes.get(name, ())):
                         view.verdicts.pop(node, None)
                 else:
                     view.verdicts.pop(name, None)
             view.seq = base + n
-        self._shapes[key] = view
+        self._shapes.move_to_end(key)  # least recently used first
         if len(self._shapes) > SHAPES_KEPT:
-            del self._shapes[next(iter(self._shapes))]
+            self._shapes.popitem(last=False)
         return view
 
     def verdict(
