@@ -22,8 +22,11 @@ p50/p99 creation -> bound, the ratio extender/default (bound pods over summed se
 and what the scorer says it did (calls, mean seconds per call, requests to node
 endpoints while scheduling).
 
-    python3 bench/extender_throughput.py --nodes 1000 [--pods 80] [--rounds 2]
+    python3 bench/extender_throughput.py --nodes 1000 [--pods 80] [--rounds 2] [--fill 90]
       [--kinds "plain 2 GPUs,gpus-2-nics-ladder"] [--json FILE]
+
+``--fill 90``: 90 % of the GPUs taken first by plain claims, as cluster_scale's full
+cluster (most nodes full, some with one to four GPUs free).
 
 The run takes /tmp/toposlice-heavy.lock (flock) at N >= 200.
 """
@@ -62,6 +65,7 @@ from bench.cluster_scale import (  # noqa: E402
     MACHINES,
     Api,
     KindResult,
+    fill,
     heavy_lock,
     new_claims,
     plain_spec,
@@ -219,11 +223,13 @@ def run(args: argparse.Namespace) -> list[Turn]:
         try:
             api = Api(cluster)
             pop = populate(api, args.nodes)
+            taken = fill(api, pop, args.fill)
             exporters = FakeExporters(graphs_of(pop.nodes)).start()
             t0 = time.monotonic()
             url = start_scorer(cluster, exporters, args.nodes)
             print(
-                f"# {args.nodes} nodes, slices in {pop.seconds:.0f}s; scorer ready with "
+                f"# {args.nodes} nodes, slices in {pop.seconds:.0f}s, {taken:.0f} % of GPUs "
+                "taken; scorer ready with "
                 f"every graph in {time.monotonic() - t0:.1f}s ({exporters.requests} requests)",
                 flush=True,
             )
@@ -240,7 +246,7 @@ def run(args: argparse.Namespace) -> list[Turn]:
                             profile,
                             spec,
                             args.pods,
-                            0,
+                            args.fill,
                             "raised",
                             args.run_timeout,
                             args.stall,
@@ -296,6 +302,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--nodes", type=int, default=100)
     ap.add_argument("--pods", type=int, default=80, help="pods per batch")
     ap.add_argument("--rounds", type=int, default=2, help="batches per profile and kind")
+    ap.add_argument(
+        "--fill", type=int, default=0, help="%% of GPUs taken first (cluster_scale's mix)"
+    )
     ap.add_argument("--kinds", default=",".join(DEFAULT_KINDS), help="comma-separated kinds")
     ap.add_argument("--run-timeout", type=float, default=60.0, help="seconds per batch")
     ap.add_argument("--stall", type=float, default=10.0, help="stop a batch after no bind for S")
