@@ -498,7 +498,9 @@ def run_kind(
     limits: str,
     run_timeout: float,
     stall: float,
+    scheduler_name: str | None = None,
 ) -> KindResult:
+    """``scheduler_name``: the pods' schedulerName (None: the default profile)."""
     run = uuid.uuid4().hex[:8]
     label = f"bench-run={run}"
     ns = NAMESPACE
@@ -525,6 +527,7 @@ def run_kind(
             "kind": "Pod",
             "metadata": {"name": name, "labels": {"bench-run": run}},
             "spec": {
+                **({"schedulerName": scheduler_name} if scheduler_name else {}),
                 "terminationGracePeriodSeconds": 0,
                 "tolerations": [{"operator": "Exists"}],
                 "resourceClaims": [{"name": "c", "resourceClaimName": name}],

@@ -30,6 +30,8 @@ import dataclasses
 import json
 import logging
 import time
+from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -72,15 +74,27 @@ class _Shape:
     """The verdicts of every node for one request shape, valid up to change ``seq`` of
     the cluster cache's change log."""
 
-    __slots__ = ("seq", "verdicts")
+    __slots__ = ("key", "seq", "too_few", "unsearched", "verdicts")
 
-    def __init__(self, seq: int) -> None:
+    def __init__(self, seq: int, req: Request) -> None:
         self.seq = seq
         self.verdicts: dict[str, Verdict] = {}
+        self.key = req.key()
+        # The two answers of the bound (Extender._bound), made once per shape.
+        self.too_few = Verdict(-1.0, f"no {req.gpus}-GPU placement fits the free devices")
+        self.unsearched = Verdict(0.0)
 
 
 #: Request shapes whose verdicts are kept (least recently used dropped first).
 SHAPES_KEPT = 256
+#: Seconds of node searches one call may spend; the nodes still unsearched then are answered
+#: from a bound (:meth:`Extender._bound`) and searched by the next calls of their shape.
+#: What keeps the first call of a new request shape (every distinct node state unknown:
+#: ~1,400 searches, 1-2 s at N=1000) far inside the scheduler's ``httpTimeout``.
+SEARCH_BUDGET_S = 0.015
+#: Searches a call may run whatever they cost (a node's first search also fills that
+#: hardware's own caches), so a call with a few candidates is always fully ranked.
+MIN_SEARCHES = 4
 #: Longest a call waits for the informers' first LIST (the scorer just started) before it
 #: answers with an error, which an ``ignorable`` extender's scheduler goes on without.
 SYNC_WAIT_S = 2.0
@@ -88,6 +102,11 @@ SYNC_WAIT_S = 2.0
 #: cache (the scheduler's own informer can be a few milliseconds ahead of ours).
 CLAIM_LAG_S = 1.0
 CLAIM_LAG_POLL_S = 0.01
+
+
+class WouldWait(Exception):
+    """A ``quick`` call (answered on the server's event loop, without a thread handoff)
+    would have to wait for the caches or search a node: run it in a worker instead."""
 
 
 class NotReady(RuntimeError):
@@ -133,23 +152,31 @@ class Extender:
     def __init__(self, cluster: ClusterCache) -> None:
         self.cluster = cluster
         self.driver = cluster.driver
-        self._shapes: dict[Any, _Shape] = {}
+        self._shapes: OrderedDict[Any, _Shape] = OrderedDict()
         self._pool_nodes: dict[str, set[str]] = {}
         self._shared: dict[tuple[Any, ...], Verdict] = {}
+        self._json = _Encoded()
         self.searches = 0
         """Node searches run (cache misses); the bench reads it."""
+        self.bounded = 0
+        """Verdicts answered from the bound because a call's search budget was spent."""
 
     # -- the pod's workload --------------------------------------------------------------
 
-    def workload(self, pod: dict[str, Any]) -> Request | None:
-        """The pod's request, or None when it asks for no GPUs of this driver."""
+    def workload(self, pod: dict[str, Any], quick: bool = False) -> Request | None:
+        """The pod's request, or None when it asks for no GPUs of this driver. ``quick``:
+        raise :class:`WouldWait` rather than wait for the informers."""
         meta = pod.get("metadata") or {}
         ns = str(meta.get("namespace") or "default")
         ann = (meta.get("annotations") or {}).get(PROFILE_ANNOTATION)
-        ok, why = self.cluster.wait_synced(SYNC_WAIT_S)
+        ok, why = self.cluster.synced() if quick else self.cluster.wait_synced(SYNC_WAIT_S)
+        if quick and not ok:
+            raise WouldWait(why)
         if not ok:
             raise NotReady(f"toposlice scorer not ready: {why}")
         counts = self._from_claims(pod, ns)
+        if quick and isinstance(counts, str):
+            raise WouldWait(counts)
         deadline = time.monotonic() + CLAIM_LAG_S
         while isinstance(counts, str) and time.monotonic() < deadline:
             time.sleep(CLAIM_LAG_POLL_S)
@@ -193,30 +220,38 @@ class Extender:
         cache's change log (an allocation, a release, a new graph: only those nodes'
         entries are dropped and searched again when next asked)."""
         key = req.key()
-        view = self._shapes.pop(key, None)  # re-inserted last: the dict is the LRU order
+        # Never out of the table while it is brought up to date: a call of the same shape
+        # in another thread (a worker and the event loop) must not start a fresh one.
+        view = self._shapes.get(key)
         base, log = self.cluster.change_base, self.cluster.changes
         n = len(log)
         if view is None or view.seq < base:
-            view = _Shape(base + n)
+            view = self._shapes[key] = _Shape(base + n, req)
         else:
             for kind, name in log[view.seq - base : n]:
                 if kind == "pool":
-                    for node in self._pool_nodes.get(name, ()):
+                    for node in tuple(self._pool_nodes.get(name, ())):
                         view.verdicts.pop(node, None)
                 else:
                     view.verdicts.pop(name, None)
             view.seq = base + n
-        self._shapes[key] = view
+        self._shapes.move_to_end(key)  # least recently used first
         if len(self._shapes) > SHAPES_KEPT:
-            del self._shapes[next(iter(self._shapes))]
+            self._shapes.popitem(last=False)
         return view
 
     def verdict(
-        self, node: str, labels: dict[str, str] | None, req: Request, view: _Shape | None = None
+        self,
+        node: str,
+        labels: dict[str, str] | None,
+        req: Request,
+        view: _Shape | None = None,
+        budget: _Budget | None = None,
     ) -> Verdict:
         """How well ``req`` fits ``node`` now. ``labels``: the node's labels as the
         scheduler sent them (None: the Node informer's); ``view``: :meth:`shape` of
-        ``req`` (fetched when not given)."""
+        ``req`` (fetched when not given); ``budget``: the call's search time left (spent:
+        the answer is the bound, not cached)."""
         if req.node_labels:
             if labels is None:
                 info = self.cluster.node(node)
@@ -231,10 +266,19 @@ class Extender:
         if topo is None:  # not cached: the graph may arrive any moment
             return Verdict(-1.0, self.cluster.graphs.why_missing(node))
         use = self.cluster.pool_use(topo.pool)
-        shared = (topo.signature, use, req.key())
+        shared = (topo.signature, use, view.key)
         found = self._shared.get(shared)
         if found is None:
+            if budget is not None and budget.quick:
+                raise WouldWait(node)
+            if budget is not None and budget.left <= 0 and budget.searches >= MIN_SEARCHES:
+                self.bounded += 1
+                return self._bound(topo, use, req, view)
+            t0 = time.perf_counter()
             found = self._search(topo, use, req)
+            if budget is not None:
+                budget.left -= time.perf_counter() - t0
+                budget.searches += 1
             if len(self._shared) >= SHARED_CACHE_LIMIT:
                 self._shared.clear()
             self._shared[shared] = found
@@ -254,20 +298,33 @@ class Extender:
             return Verdict(-1.0, f"no {req.gpus}-GPU placement fits the free devices")
         return Verdict(found[0].score)
 
-    def verdicts(self, req: Request, nodes: list[Any]) -> dict[str, Verdict]:
-        """Every candidate's verdict, in the order sent (names or Node objects)."""
+    @staticmethod
+    def _bound(topo: NodeTopology, use: PoolUse, req: Request, view: _Shape) -> Verdict:
+        """The answer without a search: a node with too few free GPUs fails (as its
+        search would); any other passes with the lowest score. Lenient on purpose: the
+        nodes an extender is sent already passed the scheduler's DynamicResources filter,
+        and the node is searched, and ranked, by the next call of this shape."""
+        free = len(topo.gpu_devices) - len(topo.gpu_devices & use.used)
+        return view.too_few if free < req.gpus else view.unsearched
+
+    def verdicts(self, req: Request, nodes: list[Any], quick: bool = False) -> dict[str, Verdict]:
+        """Every candidate's verdict, in the order sent (names or Node objects).
+        ``quick``: raise :class:`WouldWait` rather than search."""
         view = self.shape(req)
+        budget = _Budget(0.0, True) if quick else _Budget(SEARCH_BUDGET_S)
         if req.node_labels:
             return {
-                name: self.verdict(name, labels, req, view) for name, labels, _ in _named(nodes)
+                name: self.verdict(name, labels, req, view, budget)
+                for name, labels, _ in _named(nodes)
             }
-        cached = view.verdicts.get
-        out: dict[str, Verdict] = {}
-        for n in nodes:
-            name = n if isinstance(n, str) else _name_of(n)
-            v = cached(name)
-            out[name] = v if v is not None else self.verdict(name, None, req, view)
-        return out
+        get = view.verdicts.get
+        # One list is all names (NodeNames) or all Node objects (Nodes.items).
+        names = nodes if not nodes or type(nodes[0]) is str else [_name_of(n) for n in nodes]
+        out = {n: get(n) for n in names}
+        for name, v in out.items():  # only values change: safe while iterating
+            if v is None:
+                out[name] = self.verdict(name, None, req, view, budget)
+        return out  # type: ignore[return-value]
 
     def decide(
         self, req: Request, verdicts: dict[str, Verdict]
@@ -311,32 +368,132 @@ class Extender:
     # -- verbs -----------------------------------------------------------------------------
 
     def filter(self, args: dict[str, Any]) -> dict[str, Any]:
+        """ExtenderFilterResult for ``args`` (ExtenderArgs), decoded from :meth:`filter_json`."""
+        out: dict[str, Any] = json.loads(self.filter_json(args))
+        return out
+
+    def prioritize(self, args: dict[str, Any]) -> list[dict[str, Any]]:
+        """HostPriorityList for ``args``, decoded from :meth:`prioritize_json`."""
+        out: list[dict[str, Any]] = json.loads(self.prioritize_json(args))
+        return out
+
+    def filter_json(self, args: dict[str, Any], quick: bool = False) -> bytes:
+        """ExtenderFilterResult as the JSON the scheduler reads. With names on the wire
+        (``nodeCacheCapable``) the body is joined from per-name and per-reason pieces
+        encoded once, not built as objects and serialised for 1,000 nodes per call.
+        ``quick``: only from what is at hand, else :class:`WouldWait` (a search, a wait
+        for the informers, the expected-completion rule over every node)."""
         nodes, by_name = _nodes(args)
+        pod = wire_field(args, "Pod") or {}
         try:
-            req = self.workload(wire_field(args, "Pod") or {})
+            req = self.workload(pod, quick)
         except (ValueError, NotReady) as exc:
-            return _filter_result([], {}, by_name, error=str(exc))
+            return _dumps(_filter_result([], {}, by_name, error=str(exc)))
         if req is None:
-            return _filter_result(nodes, {}, by_name)
-        kept, failed = self.decide(req, self.verdicts(req, nodes))
+            if not by_name:
+                return _dumps(_filter_result(nodes, {}, by_name))
+            return self._json.filter(nodes, {})
+        if quick and (req.expected_run_s or kueue_hint(pod)) is not None:
+            raise WouldWait("expected completion")
+        kept, failed = self.decide(req, self.verdicts(req, nodes, quick))
         # Expected completion (issue #24): held off slow nodes while a faster one may free
         # within the pod's bound; the reason goes to FailedNodes.
-        waits = self.waits(wire_field(args, "Pod") or {}, req, set(kept))
+        waits = self.waits(pod, req, set(kept))
         if waits:
             failed.update(waits)
             kept = [n for n in kept if n not in waits]
-        keep = set(kept)
-        return _filter_result([n for n in nodes if _name_of(n) in keep], failed, by_name)
+        if not by_name:
+            keep = set(kept)
+            return _dumps(_filter_result([n for n in nodes if _name_of(n) in keep], failed, False))
+        return self._json.filter(kept, failed)
 
-    def prioritize(self, args: dict[str, Any]) -> list[dict[str, Any]]:
-        nodes, _ = _nodes(args)
+    def prioritize_json(self, args: dict[str, Any], quick: bool = False) -> bytes:
+        """HostPriorityList as JSON, joined from per-(name, score) pieces (``quick``: as
+        for :meth:`filter_json`)."""
+        nodes, by_name = _nodes(args)
         try:
-            req = self.workload(wire_field(args, "Pod") or {})
+            req = self.workload(wire_field(args, "Pod") or {}, quick)
         except (ValueError, NotReady):
             req = None
         if req is None:
-            return [{"Host": name, "Score": 0} for name, _, _ in _named(nodes)]
-        return [{"Host": n, "Score": v.priority} for n, v in self.verdicts(req, nodes).items()]
+            names = nodes if by_name else [_name_of(n) for n in nodes]
+            return self._json.priorities((n, 0) for n in names)
+        # Node objects as sent: their labels are what nodeLabels constraints are checked on.
+        verdicts = self.verdicts(req, nodes, quick)
+        return self._json.priorities((n, v.priority) for n, v in verdicts.items())
+
+
+class _Budget:
+    """Search seconds a call has left (shared by its nodes); ``quick``: none, and none
+    answered from the bound either."""
+
+    __slots__ = ("left", "quick", "searches")
+
+    def __init__(self, seconds: float, quick: bool = False) -> None:
+        self.left = seconds
+        self.quick = quick
+        self.searches = 0
+
+
+#: Names and reasons whose JSON is kept before the tables start over.
+ENCODED_KEPT = 50_000
+
+
+class _Encoded:
+    """JSON pieces encoded once: a node name, a ``HostPriority`` per (name, score), a
+    failure reason. Node names are DNS names and reasons a handful of strings, so the
+    tables stay small; they start over past :data:`ENCODED_KEPT`."""
+
+    def __init__(self) -> None:
+        self.names: dict[str, bytes] = {}
+        self.hosts: dict[str, tuple[bytes, ...]] = {}
+        self.reasons: dict[str, bytes] = {}
+
+    def _name(self, name: str) -> bytes:
+        got = self.names.get(name)
+        if got is None:
+            if len(self.names) >= ENCODED_KEPT:
+                self.names = {}
+            got = self.names[name] = json.dumps(name).encode()
+        return got
+
+    def _host(self, name: str) -> tuple[bytes, ...]:
+        got = self.hosts.get(name)
+        if got is None:
+            if len(self.hosts) >= ENCODED_KEPT:
+                self.hosts = {}
+            head = b'{"Host":' + self._name(name) + b',"Score":'
+            got = tuple(head + b"%d}" % s for s in range(MAX_EXTENDER_PRIORITY + 1))
+            self.hosts[name] = got
+        return got
+
+    def _reason(self, reason: str) -> bytes:
+        got = self.reasons.get(reason)
+        if got is None:
+            if len(self.reasons) >= ENCODED_KEPT:
+                self.reasons = {}
+            got = self.reasons[reason] = json.dumps(reason).encode()
+        return got
+
+    def filter(self, kept: list[str], failed: dict[str, str]) -> bytes:
+        """ExtenderFilterResult with NodeNames (as :func:`_filter_result` builds it)."""
+        names, name, reason = self.names.get, self._name, self._reason
+        parts = [
+            b'{"Nodes":null,"NodeNames":[',
+            b",".join([names(n) or name(n) for n in kept]),
+            b'],"FailedNodes":{',
+            b",".join([(names(n) or name(n)) + b":" + reason(r) for n, r in failed.items()]),
+            b'},"FailedAndUnresolvableNodes":{},"Error":""}',
+        ]
+        return b"".join(parts)
+
+    def priorities(self, scores: Iterable[tuple[str, int]]) -> bytes:
+        hosts, host = self.hosts.get, self._host
+        return b"[" + b",".join([(hosts(n) or host(n))[s] for n, s in scores]) + b"]"
+
+
+def _dumps(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":")).encode()
 
 
 def _timestamp(value: Any) -> float | None:
@@ -354,7 +511,10 @@ def _nodes(args: dict[str, Any]) -> tuple[list[Any], bool]:
     nodes = (wire_field(args, "Nodes") or {}).get("items")
     if nodes is not None:
         return list(nodes), False
-    return [str(n) for n in wire_field(args, "NodeNames") or []], True
+    names = wire_field(args, "NodeNames") or []
+    if all(type(n) is str for n in names):
+        return names, True
+    return [str(n) for n in names], True
 
 
 def _name_of(node: Any) -> str:

@@ -4,7 +4,8 @@
 ExtenderArgs (any path ending in the verb, so a ``urlPrefix`` with a path works);
 ``GET /healthz`` (the loop runs), ``GET /readyz`` (200 once the informers listed, else 503
 with the kinds still waiting), ``GET /metrics`` (calls and their seconds per verb, graph
-fetches). A verb runs in a worker thread so probes never wait behind it; answers of a
+fetches). A call answered from the warm caches (no search, no wait) runs on the event
+loop; any other in a worker thread, so probes never wait behind it. Answers of a
 kept-alive connection go out in request order.
 """
 
@@ -23,7 +24,7 @@ from prometheus_client.registry import Collector
 
 from driver.http_transport import HttpTransport, Limits, Reply, Request
 
-from .extender import Extender, filter_error
+from .extender import Extender, WouldWait, filter_error
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +33,9 @@ VERBS = ("filter", "prioritize")
 JSON = b"application/json"
 #: ExtenderArgs with 5,000 whole Node objects (nodeCacheCapable: false) fit.
 MAX_BODY = 64 << 20
+#: Larger bodies (whole Node objects: 2.7 MB at N=1000) are parsed in a worker, never on
+#: the event loop; 5,000 node names are ~70 KB.
+QUICK_MAX_BODY = 256 << 10
 
 
 class ExtenderServer(HttpTransport):
@@ -86,6 +90,10 @@ class ExtenderServer(HttpTransport):
             return self._json(verb, 405, use_post, keep, req.head_only, b"Allow: POST\r\n")
         if not req.body:
             return self._json(verb, 400, {"error": "missing body"}, keep)
+        if len(req.body) <= QUICK_MAX_BODY:
+            answer = self._call(verb, req.body, quick=True)
+            if answer is not None:
+                return self.response(verb, answer[0], JSON, answer[1], keep, False)
         fut = self.in_worker(self._call, verb, req.body)
         out = self.loop.create_future() if self.loop else None
         assert out is not None
@@ -93,31 +101,39 @@ class ExtenderServer(HttpTransport):
         def done(f: Any) -> None:
             try:
                 status, body = f.result()
-                out.set_result(self._json(verb, status, body, keep))
+                out.set_result(self.response(verb, status, JSON, body, keep, False))
             except Exception as exc:  # _call catches; this is the last line of defence
                 out.set_exception(exc)
 
         fut.add_done_callback(done)
         return out
 
-    def _call(self, verb: str, raw: bytes) -> tuple[int, Any]:
-        """(status, answer) for one verb, in a worker thread."""
+    def _call(self, verb: str, raw: bytes, quick: bool = False) -> tuple[int, bytes] | None:
+        """(status, JSON answer) for one verb, in a worker thread. ``quick``: on the event
+        loop, from what the caches hold at once (a warm verdict table: no search, no wait
+        for the informers), sparing the call two thread handoffs; None when it needs the
+        worker (:class:`~scorer.extender.WouldWait`)."""
         t0 = time.perf_counter()
         try:
             args = json.loads(raw)
             if not isinstance(args, dict):
                 raise ValueError("ExtenderArgs must be a JSON object")
         except ValueError as exc:
-            return 400, {"error": f"bad ExtenderArgs: {exc}"}
+            return 400, _dumps({"error": f"bad ExtenderArgs: {exc}"})
+        answered = True
         try:
             if verb == "filter":
-                return 200, self.ext.filter(args)
-            return 200, self.ext.prioritize(args)
+                return 200, self.ext.filter_json(args, quick)
+            return 200, self.ext.prioritize_json(args, quick)
+        except WouldWait:
+            answered = False  # the worker's call is the one timed
+            return None
         except Exception as exc:  # a bad pod or graph must not kill the server
             log.exception("extender %s failed", verb)
-            return (200, filter_error(str(exc))) if verb == "filter" else (500, [])
+            return (200, _dumps(filter_error(str(exc)))) if verb == "filter" else (500, b"[]")
         finally:
-            self.seconds.labels(verb).observe(time.perf_counter() - t0)
+            if answered:
+                self.seconds.labels(verb).observe(time.perf_counter() - t0)
 
     def _json(
         self,
@@ -128,8 +144,11 @@ class ExtenderServer(HttpTransport):
         head_only: bool = False,
         extra: bytes = b"",
     ) -> bytes:
-        data = json.dumps(body, separators=(",", ":")).encode()
-        return self.response(route, status, JSON, data, keep, head_only, extra)
+        return self.response(route, status, JSON, _dumps(body), keep, head_only, extra)
+
+
+def _dumps(body: Any) -> bytes:
+    return json.dumps(body, separators=(",", ":")).encode()
 
 
 #: Seconds between moves of the collector's survivors into its permanent generation.
@@ -137,20 +156,30 @@ FREEZE_EVERY_S = 30.0
 
 
 def serve(server: ExtenderServer, freeze_every_s: float = FREEZE_EVERY_S) -> None:
-    """Block while ``server`` runs; every ``freeze_every_s`` move the objects that
-    survived so far out of the cyclic garbage collector's reach (``gc.freeze``).
+    """Block while ``server`` runs; every ``freeze_every_s``, and as soon as a burst of
+    graph fetches is done, move the objects that survived so far out of the cyclic
+    garbage collector's reach (``gc.freeze``).
 
     Why: the caches (1,000 nodes' views, verdict tables, search results) are long-lived
     and acyclic; a full collection walking them took 80 ms of CPU at N=1000 (0.3-0.9 s
-    wall on a loaded 2-core machine), a pause any call could land in. Frozen objects are
-    still freed by reference counting when replaced; only reference cycles alive at a
-    freeze would stay, and the caches hold none."""
+    wall on a loaded 2-core machine), a pause any call could land in. The graphs of a
+    starting scorer arrive within seconds, just when the first calls of every request
+    shape come (bench/extender.py's cold phase saw an 80-125 ms collection there before
+    this froze them at once). Frozen objects are still freed by reference counting when
+    replaced; only reference cycles alive at a freeze would stay, and the caches hold
+    none."""
     import gc
 
+    graphs = server.ext.cluster.graphs
     gc.freeze()
+    last, fetched = time.monotonic(), graphs.stats.fetched
     while server._thread is not None and server._thread.is_alive():
-        server._thread.join(freeze_every_s)
-        gc.freeze()
+        server._thread.join(1.0)
+        now = time.monotonic()
+        settled = graphs.stats.fetched != fetched and graphs.idle()
+        if settled or now - last >= freeze_every_s:
+            gc.freeze()
+            last, fetched = now, graphs.stats.fetched
 
 
 class _Live(Collector):

@@ -110,6 +110,7 @@ class NodeTopology:
         self.by_device.update({c.dra_device: c.vid for c in self.cpus})
         self.device_of = {v: k for k, v in self.by_device.items()}
         self.rdma_nics = sum(1 for n in self.nics if n.rdma)
+        self.gpu_devices = frozenset(g.dra_device for g in self.gpus)
         if not self.signature:
             self.signature = _signature(self)
 

@@ -431,3 +431,87 @@ def test_a_claim_the_cache_has_not_seen_yet_is_waited_for_then_named(
     pod = _pod({"pattern": "tensor-parallel"}, [{"name": "c", "resourceClaimName": "never"}])
     out = ext.filter({"Pod": pod, "NodeNames": ["dgx-1"]})
     assert out["NodeNames"] == [] and "ResourceClaim ml/never" in out["Error"], out
+
+
+def test_a_call_past_its_search_budget_answers_from_the_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With no search time left a node with too few free GPUs fails (as its search would)
+    and any other passes unranked; nothing of that is cached, so the next call with time
+    left searches those nodes and answers as an unhurried extender would."""
+    import scorer.extender as extender
+
+    cache = _cache()
+    dgx = cache.graphs.topology("dgx-1")
+    assert dgx is not None
+    taken = [g.dra_device for g in dgx.gpus][:7]
+    cache.apply("ResourceClaim", "ADDED", _allocated("most", "dgx-1", taken))
+    args = {"Pod": _pod({"gpus": 2}), "NodeNames": ["dgx-1", "node-b", "pcie-1"]}
+    monkeypatch.setattr(extender, "SEARCH_BUDGET_S", 0.0)
+    monkeypatch.setattr(extender, "MIN_SEARCHES", 0)
+    ext = Extender(cache)
+    hurried = ext.filter(args)
+    assert ext.searches == 0 and ext.bounded == 3
+    assert hurried["NodeNames"] == ["node-b", "pcie-1"]
+    assert "no 2-GPU placement" in hurried["FailedNodes"]["dgx-1"]
+    assert [p["Score"] for p in ext.prioritize(args)] == [0, 0, 0]
+    assert ext.searches == 0 and ext.bounded == 6
+    monkeypatch.setattr(extender, "SEARCH_BUDGET_S", 10.0)
+    full = ext.filter(args)
+    assert ext.searches == 3 and ext.bounded == 6  # three occupancies, each searched once
+    unhurried = Extender(cache)
+    assert full == unhurried.filter(args)
+    assert ext.prioritize(args) == unhurried.prioritize(args)
+    assert max(p["Score"] for p in ext.prioritize(args)) > 0
+
+
+def test_answers_are_the_wire_format_of_go_s_types() -> None:
+    """The bodies joined from encoded pieces are exactly what the dict form encodes to:
+    every ExtenderFilterResult field, names in the order sent, reasons escaped."""
+    from scorer.extender import _filter_result
+
+    ext = Extender(_cache())
+    names = ["pcie-1", "dgx-1", "no-graph", "node-b"]
+    args = {"Pod": _pod({"gpus": 8}), "NodeNames": names}
+    raw = ext.filter_json(args)
+    out = json.loads(raw)
+    assert list(out) == ["Nodes", "NodeNames", "FailedNodes", "FailedAndUnresolvableNodes", "Error"]
+    assert out["NodeNames"] == ["dgx-1", "node-b"]
+    assert set(out["FailedNodes"]) == {"pcie-1", "no-graph"}
+    expected = _filter_result(["dgx-1", "node-b"], out["FailedNodes"], True)
+    assert raw == json.dumps(expected, separators=(",", ":")).encode()
+    prio = json.loads(ext.prioritize_json(args))
+    assert [p["Host"] for p in prio] == names
+    assert all(set(p) == {"Host", "Score"} and 0 <= p["Score"] <= 10 for p in prio)
+
+
+def test_a_quick_call_answers_only_from_warm_tables() -> None:
+    """The server first tries a call on its event loop (``quick``): that gives up, rather
+    than search or wait, until the shape's table holds every candidate, and then answers
+    exactly what the worker would have."""
+    from scorer.extender import WouldWait
+
+    ext = Extender(_cache())
+    args = {"Pod": _pod({"gpus": 2}), "NodeNames": ["dgx-1", "node-b", "pcie-1"]}
+    with pytest.raises(WouldWait):
+        ext.filter_json(args, quick=True)
+    with pytest.raises(WouldWait):
+        ext.prioritize_json(args, quick=True)
+    assert ext.searches == 0
+    slow = ext.filter_json(args), ext.prioritize_json(args)
+    assert (ext.filter_json(args, quick=True), ext.prioritize_json(args, quick=True)) == slow
+    # A claim the informers have not seen yet: the quick call does not poll for it.
+    missing = _pod(None, [{"name": "c", "resourceClaimName": "not-yet"}])
+    with pytest.raises(WouldWait):
+        ext.filter_json({"Pod": missing, "NodeNames": ["dgx-1"]}, quick=True)
+
+
+def test_prioritize_checks_label_constraints_on_the_node_objects_sent() -> None:
+    """With whole Node objects on the wire (no Node informer, e.g. ``--no-kube``) the
+    labels checked are the ones sent, for prioritize as for filter."""
+    ext = Extender(_cache())  # the informers never saw node-b
+    pod = _pod({"gpus": 2, "constraints": {"nodeLabels": {"tenant": "z"}}})
+    args = {"Pod": pod, "Nodes": {"items": [_node("node-b", {"tenant": "z"}), _node("node-a")]}}
+    assert ext.filter(args)["Nodes"]["items"][0]["metadata"]["name"] == "node-b"
+    scores = {p["Host"]: p["Score"] for p in ext.prioritize(args)}
+    assert scores["node-b"] > 0 and scores["node-a"] == 0

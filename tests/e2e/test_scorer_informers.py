@@ -235,3 +235,27 @@ def test_a_hung_node_endpoint_does_not_slow_a_call(setup: Setup) -> None:
         assert out["FailedNodes"][HUNG].startswith("no topology graph for this node yet")
     # The fetch may hang for 60 s; a call waits for none of it.
     assert max(times) < 2.0, times
+
+
+def test_a_graph_refetch_that_hangs_keeps_the_last_graph_and_does_not_slow_a_call(
+    cluster: Cluster, setup: Setup
+) -> None:
+    """The DGX's InternalIP moves to the address that never answers: the Node informer's
+    change asks for its graph again, that fetch hangs, and calls go on at once with the
+    graph fetched before."""
+    cache = setup.cache
+    poll(lambda: cache.graphs.topology(GOOD), 30, 0.1, "the DGX's graph")
+    requests, fetched = cache.graphs.stats.requests, cache.graphs.stats.fetched
+    _set_address(cluster, GOOD, "127.0.0.2")
+    try:
+        poll(lambda: cache.graphs.stats.requests > requests, 30, 0.05, "the refetch")
+        times = []
+        for _ in range(5):
+            t0 = time.monotonic()
+            out = _post(setup.server.url + "/filter", _args(2))
+            times.append(time.monotonic() - t0)
+            assert out["NodeNames"] == [GOOD]
+        assert cache.graphs.stats.fetched == fetched  # still hanging: the old graph serves
+        assert max(times) < 2.0, times
+    finally:
+        _set_address(cluster, GOOD, "127.0.0.1")
