@@ -31,7 +31,10 @@ from .score import NodeState, Placement, assign_nics, node_eligible, set_busbw
 from .search import (
     ClusterPlacement,
     cluster_adjusted,
+    domain_placement,
+    multi_node_placement,
     node_placements,
+    nvlink_domains,
     place,
     pod_network_gbps,
 )
@@ -120,7 +123,7 @@ class Context:
     _largest: int | None = None
     _refs: dict[tuple[object, ...], tuple[float, float | None]] = field(default_factory=dict)
     _layouts: tuple[str, ...] | None = None
-    _hw: dict[tuple[object, ...], dict[str, float | None]] = field(default_factory=dict)
+    _names: tuple[object, ...] | None = None
 
     def occ_key(self, t: NodeTopology) -> OccKey:
         """``t``'s devices in use and memory-bound in ``occ`` (computed once per decision:
@@ -287,13 +290,15 @@ def _best(
 ) -> tuple[Placement, float] | None:
     """``node_best`` with the placement as cached (possibly named for another node of the
     same layout in the same state)."""
-    if not node_eligible(t, req):
+    if req.node_labels and not node_eligible(t, req):
         return None
     if occ is None or occ is ctx.occ:
         occ, key = ctx.occ, ctx.occ_key(t)
     elif key is None:
         key = occ_key(occ, t)
-    ck = (t.signature, key, req.key(), reference(ctx, req))
+    rk = req.key()
+    ref = ctx._refs.get(rk) or reference(ctx, req)
+    ck = (t.signature, key, rk, ref)
     hit = _BEST.get(ck)
     if hit is None and ck not in _BEST:
         found = node_placements(t, occ, req, 1)
@@ -345,15 +350,69 @@ def _per_node(found: Sequence[ClusterPlacement]) -> list[ClusterPlacement]:
     return out
 
 
+_STATES: dict[tuple[object, ...], NodeState] = {}
+
+
+def _state(ctx: Context, t: NodeTopology, req: Request) -> NodeState:
+    """``NodeState(t, ctx.occ, req)``, kept while ``t`` is unchanged: it depends on the
+    node, what is in use and memory-bound there, and the request's GPU filters only."""
+    key = (t.name, t.signature, ctx.occ_key(t), req.min_gpu_memory, req.key()[-1])
+    hit = _STATES.get(key)
+    if hit is None or hit.topo is not t:
+        if len(_STATES) > 20_000:
+            _STATES.clear()
+        hit = _STATES[key] = NodeState(t, ctx.occ, req)
+    return hit
+
+
+_BEYOND: dict[tuple[object, ...], list[ClusterPlacement]] = {}
+
+
+def _beyond_a_node(ctx: Context, req: Request) -> list[ClusterPlacement]:
+    """``search.place(ctx.nodes, ctx.occ, req)`` for a job larger than every node (no
+    single-node candidate: one per multi-node NVLink domain, one over the NICs), ranked the
+    same way, on the node states kept between decisions; the answer is kept for the
+    cluster's state."""
+    if ctx._names is None:
+        ctx._names = tuple(
+            (t.name, t.signature, tuple(sorted(t.labels.items()))) for t in ctx.nodes
+        )
+    key = (
+        ctx._names,
+        tuple(ctx.occ_key(t) for t in ctx.nodes),
+        req.key(),
+        tuple(sorted(req.node_labels.items())),
+    )
+    hit = _BEYOND.get(key)
+    if hit is not None:
+        return hit
+    states = {t.name: _state(ctx, t, req) for t in ctx.nodes if node_eligible(t, req)}
+    out: list[ClusterPlacement] = []
+    for members in nvlink_domains(ctx.nodes).values():
+        if req.gpus > max(len(t.gpus) for t in members):
+            cand = domain_placement(members, ctx.occ, req, states)
+            if cand is not None:
+                out.append(cand)
+    cand = multi_node_placement(ctx.nodes, ctx.occ, req, states)
+    if cand is not None:
+        out.append(cand)
+    out = cluster_adjusted(out, ctx.nodes, states, req)
+    out.sort(key=lambda c: (-round(c.score, 9), c.pods[0].node, c.pods[0].devices))
+    if len(_BEYOND) > 2_000:
+        _BEYOND.clear()
+    _BEYOND[key] = out
+    return out
+
+
 def options_now(ctx: Context, req: Request) -> list[tuple[float, ClusterPlacement]]:
     """(stretch, placement): the best placement per node now. A job that fits in a node
     is searched node by node (the cluster-wide whole-node and domain charges of
     ``search.place`` only re-rank nodes, which the expected completion does here); a
     larger one through ``place``."""
     if req.gpus > ctx.largest():
-        found = _per_node(place(ctx.nodes, ctx.occ, req, top=4 * len(ctx.nodes)))
+        found = _per_node(_beyond_a_node(ctx, req))
         return [(placement_stretch(ctx, req, c, ctx.occ), c) for c in found]
-    states = {t.name: NodeState(t, ctx.occ, req) for t in ctx.nodes if node_eligible(t, req)}
+    states = {t.name: _state(ctx, t, req) for t in ctx.nodes if node_eligible(t, req)}
     out: list[ClusterPlacement] = []
     runs: list[float] = []
     for t in ctx.nodes:
@@ -436,12 +495,22 @@ def hardware_stretch(ctx: Context, t: NodeTopology, req: Request) -> float | Non
     return node_stretch(ctx, t, req, _EMPTY_OCC, _EMPTY_KEY)
 
 
+_HARDWARE: dict[tuple[object, ...], dict[str, float | None]] = {}
+
+
 def _hardware(ctx: Context, req: Request) -> dict[str, float | None]:
-    """Node → ``hardware_stretch`` (memoized on the context)."""
-    key = ("hardware", req.key())
-    hit = ctx._hw.get(key)
+    """Node → ``hardware_stretch``: it depends on the nodes (names, layouts, labels) and
+    the request only, so it is kept across decisions."""
+    if ctx._names is None:
+        ctx._names = tuple(
+            (t.name, t.signature, tuple(sorted(t.labels.items()))) for t in ctx.nodes
+        )
+    key = (ctx._names, req.key(), tuple(sorted(req.node_labels.items())))
+    hit = _HARDWARE.get(key)
     if hit is None:
-        hit = ctx._hw[key] = {n.name: hardware_stretch(ctx, n, req) for n in ctx.nodes}
+        if len(_HARDWARE) > 10_000:
+            _HARDWARE.clear()
+        hit = _HARDWARE[key] = {n.name: hardware_stretch(ctx, n, req) for n in ctx.nodes}
     return hit
 
 
@@ -551,8 +620,8 @@ def _wait_options(
         occ = ctx.occ
         for r in releases:
             start = max(r.expected_end, ctx.now)
-            if start - ctx.now >= beat:
-                break
+            if start - ctx.now + expected_run >= beat:
+                break  # no stretch is under 1: waiting for this release cannot beat ``beat``
             occ = _without(occ, t.pool, r.devices)
             key = occ_key(occ, t)
             s = node_stretch(ctx, t, req, occ, key)
