@@ -15,8 +15,8 @@ errors) and ``first-fit``, once with run-time hints (base × U(1, 2), an upper b
 Kueue's maximum execution time is) and once without (estimates learned from completed
 jobs), and prints issue #24's targets per seed and overall; its last line is
 ``{"cluster": "mixed", "model": "queue", "runs": {"hints": ..., "no_hints": ...},
-"targets_met": {...}}``. About 25 minutes on 2 busy shared cores (load average 10);
-``--seeds 1-3``, ``--draws 10``, ``--hints off`` and ``--jobs`` shorten it. The large
+"targets_met": {...}}``. About 2.5 minutes on a quiet 2-core machine, 9 at load average
+7-14; ``--seeds 1-3``, ``--draws 10``, ``--hints off`` and ``--jobs`` shorten it. The large
 cluster (``python3 bench/placement.py``) replays 1,000 jobs at ``LARGE_QUEUE_LOAD`` under
 scorer / first-fit / random. ``--decision-bench`` times the decision with a 100-job queue
 on 32 nodes + an NVL72 rack.
