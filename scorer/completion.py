@@ -23,7 +23,7 @@ bench's replay and the kube-scheduler extender's filter call the same decision.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .bandwidth import nic_gbps
 from .request import Occupancy, Request
@@ -31,7 +31,10 @@ from .score import NodeState, Placement, assign_nics, node_eligible, set_busbw
 from .search import (
     ClusterPlacement,
     cluster_adjusted,
+    domain_placement,
+    multi_node_placement,
     node_placements,
+    nvlink_domains,
     place,
     pod_network_gbps,
 )
@@ -58,6 +61,17 @@ AHEAD = 8
 #: again: run times are heavy-tailed (Philly p99/p50 ≈ 240, placement-models §3.2), so
 #: the longer a job has run, the longer it is likely to run on.
 TAIL_SHARE = 0.5
+
+
+OccKey = tuple[frozenset[str], frozenset[str]]
+"""A node's devices in use and those running memory-bound work."""
+
+
+def occ_key(occ: Occupancy, t: NodeTopology) -> OccKey:
+    return frozenset(occ.used(t.pool)), frozenset(occ.busy_memory(t.pool))
+
+
+_EMPTY_KEY: OccKey = (frozenset(), frozenset())
 
 
 @dataclass(frozen=True)
@@ -105,6 +119,26 @@ class Context:
     _by_name: dict[str, NodeTopology] = field(default_factory=dict)
     _memo: dict[tuple[object, ...], dict[str, float]] = field(default_factory=dict)
     _on: dict[str, list[Running]] | None = None
+    _keys: dict[str, OccKey] = field(default_factory=dict)
+    _largest: int | None = None
+    _refs: dict[tuple[object, ...], tuple[float, float | None]] = field(default_factory=dict)
+    _layouts: tuple[str, ...] | None = None
+    _names: tuple[object, ...] | None = None
+
+    def occ_key(self, t: NodeTopology) -> OccKey:
+        """``t``'s devices in use and memory-bound in ``occ`` (computed once per decision:
+        the search results cached on it carry over between decisions while ``t`` is
+        unchanged, so a job starting or ending re-searches only its own nodes)."""
+        hit = self._keys.get(t.name)
+        if hit is None:
+            hit = self._keys[t.name] = occ_key(self.occ, t)
+        return hit
+
+    def largest(self) -> int:
+        """The most GPUs on one node."""
+        if self._largest is None:
+            self._largest = max((len(t.gpus) for t in self.nodes), default=0)
+        return self._largest
 
     def running_on(self, name: str) -> list[Running]:
         if self._on is None:
@@ -189,10 +223,13 @@ _REFERENCE: dict[tuple[tuple[str, ...], tuple[object, ...]], tuple[float, float 
 def reference(ctx: Context, req: Request) -> tuple[float, float | None]:
     """(busbw, NIC path) of the best placement of ``req`` the cluster offers when empty:
     the yardstick a placement's stretch is measured against."""
-    sig = ctx._memo.get(("signatures",))
-    if sig is None:
-        sig = ctx._memo[("signatures",)] = {s: 0.0 for s in sorted(t.signature for t in ctx.nodes)}
-    key = (tuple(sig), req.key())
+    rk = req.key()
+    hit = ctx._refs.get(rk)
+    if hit is not None:
+        return hit
+    if ctx._layouts is None:
+        ctx._layouts = tuple(sorted({t.signature for t in ctx.nodes}))
+    key = (ctx._layouts, rk)
     hit = _REFERENCE.get(key)
     if hit is None:
         empty = Context(ctx.nodes, Occupancy(), 0.0)
@@ -203,6 +240,7 @@ def reference(ctx: Context, req: Request) -> tuple[float, float | None]:
         if len(_REFERENCE) > 10_000:
             _REFERENCE.clear()
         _REFERENCE[key] = hit
+    ctx._refs[rk] = hit
     return hit
 
 
@@ -238,6 +276,68 @@ _BANDWIDTHS: dict[
 
 # ------------------------------------------------------------------ options
 
+#: (layout, the node's devices in use and memory-bound, request, the cluster's reference)
+#: → the request's best-scoring set on such a node (``node_placements``' first, named for
+#: the node that searched it) and its stretch; None where it does not fit. Identical nodes
+#: in identical states share one entry, and a node's entry stays valid until a job starts
+#: or ends on it, so a decision searches only what changed since the last one.
+_BEST: dict[tuple[object, ...], tuple[Placement, float] | None] = {}
+_EMPTY_OCC = Occupancy()
+
+
+def _best(
+    ctx: Context, t: NodeTopology, req: Request, occ: Occupancy | None, key: OccKey | None
+) -> tuple[Placement, float] | None:
+    """``node_best`` with the placement as cached (possibly named for another node of the
+    same layout in the same state)."""
+    if req.node_labels and not node_eligible(t, req):
+        return None
+    if occ is None or occ is ctx.occ:
+        occ, key = ctx.occ, ctx.occ_key(t)
+    elif key is None:
+        key = occ_key(occ, t)
+    rk = req.key()
+    ref = ctx._refs.get(rk) or reference(ctx, req)
+    ck = (t.signature, key, rk, ref)
+    hit = _BEST.get(ck)
+    if hit is None and ck not in _BEST:
+        found = node_placements(t, occ, req, 1)
+        if found:
+            cp = ClusterPlacement((found[0],), found[0].score)
+            hit = (found[0], placement_stretch(ctx, req, cp, occ))
+        if len(_BEST) > 200_000:
+            _BEST.clear()
+        _BEST[ck] = hit
+    return hit
+
+
+def node_best(
+    ctx: Context,
+    t: NodeTopology,
+    req: Request,
+    occ: Occupancy | None = None,
+    key: OccKey | None = None,
+) -> tuple[Placement, float] | None:
+    """``req``'s best-scoring placement on ``t`` with what ``occ`` (default ``ctx.occ``;
+    ``key``: its ``occ_key`` for ``t``) leaves free, and the placement's stretch; None
+    where it does not fit."""
+    hit = _best(ctx, t, req, occ, key)
+    if hit is not None and hit[0].node != t.name:
+        return replace(hit[0], node=t.name), hit[1]
+    return hit
+
+
+def node_stretch(
+    ctx: Context,
+    t: NodeTopology,
+    req: Request,
+    occ: Occupancy | None = None,
+    key: OccKey | None = None,
+) -> float | None:
+    """The stretch of ``node_best``'s placement (None: ``req`` does not fit)."""
+    hit = _best(ctx, t, req, occ, key)
+    return hit[1] if hit is not None else None
+
 
 def _per_node(found: Sequence[ClusterPlacement]) -> list[ClusterPlacement]:
     """The best placement per first node (place() ranks all of them together)."""
@@ -250,54 +350,91 @@ def _per_node(found: Sequence[ClusterPlacement]) -> list[ClusterPlacement]:
     return out
 
 
-def options_now(
-    ctx: Context, req: Request, occ: Occupancy | None = None, only: set[str] | None = None
-) -> list[ClusterPlacement]:
-    """The best placement per node (``only``: on those nodes). A job that fits in a node
+_STATES: dict[tuple[object, ...], NodeState] = {}
+
+
+def _state(ctx: Context, t: NodeTopology, req: Request) -> NodeState:
+    """``NodeState(t, ctx.occ, req)``, kept while ``t`` is unchanged: it depends on the
+    node, what is in use and memory-bound there, and the request's GPU filters only."""
+    key = (t.name, t.signature, ctx.occ_key(t), req.min_gpu_memory, req.key()[-1])
+    hit = _STATES.get(key)
+    if hit is None or hit.topo is not t:
+        if len(_STATES) > 20_000:
+            _STATES.clear()
+        hit = _STATES[key] = NodeState(t, ctx.occ, req)
+    return hit
+
+
+_BEYOND: dict[tuple[object, ...], list[ClusterPlacement]] = {}
+
+
+def _beyond_a_node(ctx: Context, req: Request) -> list[ClusterPlacement]:
+    """``search.place(ctx.nodes, ctx.occ, req)`` for a job larger than every node (no
+    single-node candidate: one per multi-node NVLink domain, one over the NICs), ranked the
+    same way, on the node states kept between decisions; the answer is kept for the
+    cluster's state."""
+    if ctx._names is None:
+        ctx._names = tuple(
+            (t.name, t.signature, tuple(sorted(t.labels.items()))) for t in ctx.nodes
+        )
+    key = (
+        ctx._names,
+        tuple(ctx.occ_key(t) for t in ctx.nodes),
+        req.key(),
+        tuple(sorted(req.node_labels.items())),
+    )
+    hit = _BEYOND.get(key)
+    if hit is not None:
+        return hit
+    states = {t.name: _state(ctx, t, req) for t in ctx.nodes if node_eligible(t, req)}
+    out: list[ClusterPlacement] = []
+    for members in nvlink_domains(ctx.nodes).values():
+        if req.gpus > max(len(t.gpus) for t in members):
+            cand = domain_placement(members, ctx.occ, req, states)
+            if cand is not None:
+                out.append(cand)
+    cand = multi_node_placement(ctx.nodes, ctx.occ, req, states)
+    if cand is not None:
+        out.append(cand)
+    out = cluster_adjusted(out, ctx.nodes, states, req)
+    out.sort(key=lambda c: (-round(c.score, 9), c.pods[0].node, c.pods[0].devices))
+    if len(_BEYOND) > 2_000:
+        _BEYOND.clear()
+    _BEYOND[key] = out
+    return out
+
+
+def options_now(ctx: Context, req: Request) -> list[tuple[float, ClusterPlacement]]:
+    """(stretch, placement): the best placement per node now. A job that fits in a node
     is searched node by node (the cluster-wide whole-node and domain charges of
     ``search.place`` only re-rank nodes, which the expected completion does here); a
     larger one through ``place``."""
-    occ = occ if occ is not None else ctx.occ
-    if req.gpus > max((len(t.gpus) for t in ctx.nodes), default=0):
-        return _per_node(place(ctx.nodes, occ, req, top=4 * len(ctx.nodes)))
-    states = {t.name: NodeState(t, occ, req) for t in ctx.nodes if node_eligible(t, req)}
-    out = []
+    if req.gpus > ctx.largest():
+        found = _per_node(_beyond_a_node(ctx, req))
+        return [(placement_stretch(ctx, req, c, ctx.occ), c) for c in found]
+    states = {t.name: _state(ctx, t, req) for t in ctx.nodes if node_eligible(t, req)}
+    out: list[ClusterPlacement] = []
+    runs: list[float] = []
     for t in ctx.nodes:
-        st = states.get(t.name)
-        if st is None or (only is not None and t.name not in only):
+        if t.name not in states:
             continue
-        found = node_placements(t, occ, req, 1, state=st)
-        if found:
-            out.append(ClusterPlacement((found[0],), found[0].score))
-    # the same cluster-wide charges as search.place (they break ties between nodes)
-    return cluster_adjusted(out, ctx.nodes, states, req)
-
-
-def best_cost_now(
-    ctx: Context, job: Queued, occ: Occupancy, memo: dict[str, float] | None = None
-) -> float | None:
-    """The least expected run of ``job`` over what is free in ``occ``, or None. With
-    ``memo`` (node → stretch on ``ctx.occ``), only the nodes ``occ`` changed are searched."""
-    if memo is not None and job.req.gpus <= max(len(t.gpus) for t in ctx.nodes):
-        changed = {t.name for t in ctx.nodes if occ.used(t.pool) != ctx.occ.used(t.pool)}
-        per = {n: v for n, v in memo.items() if n not in changed}
-        for c in options_now(ctx, job.req, occ, changed):
-            per[c.pods[0].node] = placement_stretch(ctx, job.req, c, occ)
-        return job.expected_run * min(per.values()) if per else None
-    found = options_now(ctx, job.req, occ)
-    if not found:
-        return None
-    return job.expected_run * min(placement_stretch(ctx, job.req, c, occ) for c in found)
+        best = node_best(ctx, t, req)
+        if best is not None:
+            out.append(ClusterPlacement((best[0],), best[0].score))
+            runs.append(best[1])
+    # the same cluster-wide charges as search.place (they break ties between nodes; they
+    # change scores only, in order)
+    return list(zip(runs, cluster_adjusted(out, ctx.nodes, states, req), strict=True))
 
 
 def _with(occ: Occupancy, cp: ClusterPlacement, ctx: Context, memory: bool) -> Occupancy:
-    allocated = {k: set(v) for k, v in occ.allocated.items()}
-    busy = {k: set(v) for k, v in occ.memory_bound.items()}
+    allocated = dict(occ.allocated)
+    busy = dict(occ.memory_bound)
     for p in cp.pods:
         pool = ctx.node(p.node).pool
-        allocated.setdefault(pool, set()).update(p.devices)
+        allocated[pool] = allocated.get(pool, set()) | set(p.devices)
         if memory:
-            busy.setdefault(pool, set()).update(p.devices)
+            busy[pool] = busy.get(pool, set()) | set(p.devices)
     return Occupancy(allocated, busy)
 
 
@@ -313,54 +450,68 @@ def _without(occ: Occupancy, pool: str, devices: frozenset[str]) -> Occupancy:
 def queue_cost(ctx: Context, cp: ClusterPlacement, memory: bool) -> float:
     """Seconds the next ``LOOKAHEAD`` queued jobs lose if ``cp`` is taken: each one's best
     expected run with those devices gone minus without; a job that would no longer fit
-    loses the time until the soonest expected release."""
+    loses the time until the soonest expected release. Only ``cp``'s nodes are searched
+    again."""
     if not ctx.behind:
         return 0.0
     after = _with(ctx.occ, cp, ctx, memory)
+    changed = {p.node for p in cp.pods}
     soonest = min((r.expected_end - ctx.now for r in ctx.running), default=0.0)
     total = 0.0
-    largest = max((len(t.gpus) for t in ctx.nodes), default=0)
     for job in ctx.behind[:LOOKAHEAD]:
-        if job.req.gpus > largest:
+        if job.req.gpus > ctx.largest():
             continue  # a multi-node job's search spans the cluster: not counted here
-        memo = _node_stretches(ctx, job.req, ctx.occ)
-        before = job.expected_run * min(memo.values()) if memo else None
-        if before is None:
+        memo = _node_stretches(ctx, job.req)
+        if not memo:
             continue
-        later = best_cost_now(ctx, job, after, memo)
-        total += max(0.0, soonest) if later is None else max(0.0, later - before)
+        before = job.expected_run * min(memo.values())
+        per = {n: v for n, v in memo.items() if n not in changed}
+        for name in changed:
+            s = node_stretch(ctx, ctx.node(name), job.req, after)
+            if s is not None:
+                per[name] = s
+        if not per:
+            total += max(0.0, soonest)
+        else:
+            total += max(0.0, job.expected_run * min(per.values()) - before)
     return total
 
 
-def _node_stretches(ctx: Context, req: Request, occ: Occupancy) -> dict[str, float]:
-    """Node → the stretch of ``req``'s best placement there (nodes where it fits now);
-    memoized on the context for ``ctx.occ`` (one decision)."""
-    if occ is not ctx.occ:
-        return {
-            c.pods[0].node: placement_stretch(ctx, req, c, occ) for c in options_now(ctx, req, occ)
-        }
-    key = req.key()
+def _node_stretches(ctx: Context, req: Request) -> dict[str, float]:
+    """Node → the stretch of ``req``'s best placement there now (nodes where it fits),
+    memoized on the context (one decision)."""
+    key = ("stretches", req.key())
     hit = ctx._memo.get(key)
     if hit is None:
-        hit = ctx._memo[key] = _node_stretches(ctx, req, Occupancy(occ.allocated, occ.memory_bound))
+        hit = ctx._memo[key] = {
+            t.name: s for t in ctx.nodes if (s := node_stretch(ctx, t, req)) is not None
+        }
     return hit
-
-
-_HARDWARE: dict[tuple[str, tuple[object, ...]], float | None] = {}
 
 
 def hardware_stretch(ctx: Context, t: NodeTopology, req: Request) -> float | None:
     """The stretch of ``req``'s best placement on ``t`` when ``t`` is empty (None: never
     fits there)."""
-    key = (t.signature, req.key())
-    if key not in _HARDWARE:
-        found = node_placements(t, Occupancy(), req, 1)
-        _HARDWARE[key] = (
-            placement_stretch(ctx, req, ClusterPlacement((found[0],), 0.0), Occupancy())
-            if found
-            else None
+    return node_stretch(ctx, t, req, _EMPTY_OCC, _EMPTY_KEY)
+
+
+_HARDWARE: dict[tuple[object, ...], dict[str, float | None]] = {}
+
+
+def _hardware(ctx: Context, req: Request) -> dict[str, float | None]:
+    """Node → ``hardware_stretch``: it depends on the nodes (names, layouts, labels) and
+    the request only, so it is kept across decisions."""
+    if ctx._names is None:
+        ctx._names = tuple(
+            (t.name, t.signature, tuple(sorted(t.labels.items()))) for t in ctx.nodes
         )
-    return _HARDWARE[key]
+    key = (ctx._names, req.key(), tuple(sorted(req.node_labels.items())))
+    hit = _HARDWARE.get(key)
+    if hit is None:
+        if len(_HARDWARE) > 10_000:
+            _HARDWARE.clear()
+        hit = _HARDWARE[key] = {n.name: hardware_stretch(ctx, n, req) for n in ctx.nodes}
+    return hit
 
 
 def _fit_time(
@@ -368,6 +519,11 @@ def _fit_time(
 ) -> float:
     """When ``req`` is expected to fit on ``t`` by count (GPUs, NICs), from what runs there
     (and ``held``: devices kept until a time)."""
+    memo_key = ("fit", t.name, req.gpus, req.nics_per_gpu)
+    if held is None:
+        hit = ctx._memo.get(memo_key)
+        if hit is not None:
+            return hit[""]
     gpu_devs = {g.dra_device for g in t.gpus}
     used = set(ctx.occ.used(t.pool))
     ends = [(r.expected_end, r.devices) for r in ctx.running_on(t.name)]
@@ -380,13 +536,16 @@ def _fit_time(
         g = len(gpu_devs - u)
         return g >= req.gpus and len(t.nics) - len(u - gpu_devs) >= need_nics
 
-    if fits(used):
-        return ctx.now
-    for end, devs in sorted(ends, key=lambda x: x[0]):
-        used -= devs
-        if fits(used):
-            return max(end, ctx.now)
-    return ctx.now
+    when = ctx.now
+    if not fits(used):
+        for end, devs in sorted(ends, key=lambda x: x[0]):
+            used -= devs
+            if fits(used):
+                when = max(end, ctx.now)
+                break
+    if held is None:
+        ctx._memo[memo_key] = {"": when}
+    return when
 
 
 def _utilisation(ctx: Context) -> float:
@@ -418,7 +577,7 @@ def future_cost(
     for q, rate in ctx.future:
         if q.req.gpus <= req.gpus:
             continue
-        hw = {n.name: hardware_stretch(ctx, n, q.req) for n in ctx.nodes}
+        hw = _hardware(ctx, q.req)
         known = [v for v in hw.values() if v is not None]
         mine = hw.get(t.name)
         if mine is None or not known:
@@ -451,7 +610,7 @@ def _wait_options(
 ) -> list[tuple[float, float, str]]:
     """(expected completion, expected start, node) of waiting for each node whose placement
     after its next releases is expected to complete sooner than ``beat`` (seconds)."""
-    if req.gpus > max((len(t.gpus) for t in ctx.nodes), default=0):
+    if req.gpus > ctx.largest():
         return []
     out = []
     for t in ctx.nodes:
@@ -461,18 +620,17 @@ def _wait_options(
         occ = ctx.occ
         for r in releases:
             start = max(r.expected_end, ctx.now)
-            if start - ctx.now >= beat:
-                break
+            if start - ctx.now + expected_run >= beat:
+                break  # no stretch is under 1: waiting for this release cannot beat ``beat``
             occ = _without(occ, t.pool, r.devices)
-            found = node_placements(t, occ, req, 1)
-            if not found:
+            key = occ_key(occ, t)
+            s = node_stretch(ctx, t, req, occ, key)
+            if s is None:
                 continue
-            cp = ClusterPlacement((found[0],), found[0].score)
-            s = placement_stretch(ctx, req, cp, occ)
             # A job ahead in the queue that fits the freed devices is served first.
             free_gpus = len(t.gpus) - len([d for d in occ.used(t.pool) if d.startswith("gpu")])
             for a in ctx.ahead[:AHEAD]:
-                if a.req.gpus <= free_gpus and node_placements(t, occ, a.req, 1):
+                if a.req.gpus <= free_gpus and node_stretch(ctx, t, a.req, occ, key) is not None:
                     start += a.expected_run
                     break
             done = start - ctx.now + expected_run * s
@@ -486,11 +644,7 @@ def decide(ctx: Context, req: Request, expected_run: float, wait_deadline: float
     """The placement of ``req`` with the least expected completion (plus what it costs the
     next queued jobs), or a wait for a better node while ``ctx.now`` < ``wait_deadline``."""
     memory = req.bound == "memory"
-    found = options_now(ctx, req)
-    scored = []
-    for c in found:
-        run = expected_run * placement_stretch(ctx, req, c, ctx.occ)
-        scored.append((run, c))
+    scored = [(expected_run * s, c) for s, c in options_now(ctx, req)]
     scored.sort(key=lambda x: x[0])
     ranked = []
     for run, c in scored[:CANDIDATES]:
@@ -576,9 +730,6 @@ def filter_waits(
         hw = hardware_stretch(ctx, t, req)
         if hw is not None:
             possible[t.name] = hw
-        if t.name in fits:
-            found = node_placements(t, occ, req, 1)
-            if found:
-                cp = ClusterPlacement((found[0],), found[0].score)
-                stretches[t.name] = placement_stretch(ctx, req, cp, occ)
+        if t.name in fits and (s := node_stretch(ctx, t, req)) is not None:
+            stretches[t.name] = s
     return wait_filter(stretches, possible, expected_run, waited)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +99,12 @@ class Request:
         )
 
     def key(self) -> tuple[Any, ...]:
+        """What a search result depends on (node labels are checked before any cache)."""
+        return self._key
+
+    @cached_property
+    def _key(self) -> tuple[Any, ...]:
+        # computed once: every cache of the search and the decision is looked up by it
         return (
             self.gpus,
             self.nics_per_gpu,

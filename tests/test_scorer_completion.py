@@ -11,11 +11,23 @@ from typing import Any
 import pytest
 
 from scorer.cluster_cache import ClusterCache
-from scorer.completion import Context, Running, deadline, decide, expected_remaining, wait_filter
+from scorer.completion import (
+    Context,
+    Running,
+    deadline,
+    decide,
+    expected_remaining,
+    hardware_stretch,
+    node_best,
+    options_now,
+    placement_stretch,
+    wait_filter,
+)
 from scorer.estimate import KUEUE_MAX_EXEC_LABEL, RunEstimator, kueue_hint
 from scorer.extender import Extender
 from scorer.graph_source import GraphSource
 from scorer.request import PROFILE_ANNOTATION, Occupancy, Request, request_from_dict
+from scorer.search import ClusterPlacement, node_placements, place
 from scorer.slowdown import stretch
 from scorer.topology import NodeTopology, from_graph, rename_graph
 from tests.scorer_support import machine
@@ -94,6 +106,75 @@ def test_one_gpu_job_does_not_wait(cluster: list[NodeTopology]) -> None:
 def test_a_free_nvswitch_node_is_taken_at_once(cluster: list[NodeTopology]) -> None:
     choice = decide(Context(cluster, Occupancy(), 0.0), TP2, 3600.0, 3600.0)
     assert choice.placement is not None and choice.placement.pods[0].node == "dgx"
+
+
+def test_kept_search_results_follow_the_occupancy_of_each_node(
+    cluster: list[NodeTopology],
+) -> None:
+    """The decision keeps each node's best set between decisions (one Context per
+    decision): a job starting on one node changes that node's answer and no other's, and
+    every answer is the one a fresh search gives."""
+    dgx, pcie = cluster
+    occ = Occupancy()
+    first = decide(Context(cluster, occ, 0.0), TP2, 3600.0, 3600.0)
+    assert first.placement is not None and first.placement.pods[0].node == "dgx"
+    taken = set(first.placement.pods[0].devices)
+    before_pcie = node_best(Context(cluster, occ, 0.0), pcie, TP2)
+    occ.allocated.setdefault(dgx.pool, set()).update(taken)  # the job starts, in place
+    ctx = Context(cluster, occ, 0.0)
+    second = node_best(ctx, dgx, TP2)
+    assert second is not None and not taken & set(second[0].devices)
+    assert node_best(ctx, pcie, TP2) == before_pcie
+    for t in cluster:
+        fresh = node_placements(t, occ, TP2, 1)[0]
+        got = node_best(ctx, t, TP2)
+        assert got is not None and got[0] == fresh
+        cp = ClusterPlacement((fresh,), fresh.score)
+        assert got[1] == placement_stretch(ctx, TP2, cp, occ)
+    # every GPU of the DGX in use: the DGX is no option, and the decision says so
+    occ.allocated[dgx.pool] |= {g.dra_device for g in dgx.gpus}
+    ctx = Context(cluster, occ, 0.0)
+    assert node_best(ctx, dgx, TP2) is None
+    assert [c.pods[0].node for _, c in options_now(ctx, TP2)] == ["pcie"]
+
+
+def test_hardware_stretch_is_measured_against_the_cluster_it_is_asked_for(
+    cluster: list[NodeTopology],
+) -> None:
+    """A PCIe pair is the best a PCIe-only cluster offers (stretch 1) and ×5 next to a DGX:
+    the kept figure depends on the cluster, not only on the node's layout."""
+    pcie = cluster[1]
+    with_dgx = hardware_stretch(Context(cluster, Occupancy(), 0.0), pcie, TP2)
+    alone = hardware_stretch(Context([pcie], Occupancy(), 0.0), pcie, TP2)
+    assert alone == 1.0
+    assert with_dgx is not None and with_dgx > 4.0
+
+
+def test_a_job_larger_than_every_node_is_ranked_as_search_place_ranks_it() -> None:
+    """A 16-GPU job on two DGXs and five trays of one NVLink domain: the decision's options
+    are place()'s placements, best per first node, in place()'s order."""
+    import copy
+
+    tray = machine("gb200-nvl72-tray").graph
+    nodes = [from_graph(rename_graph(machine("dgx-h100").graph, f"dgx-{i}")) for i in range(2)]
+    for i in range(5):
+        g = copy.deepcopy(rename_graph(tray, f"tray-{i}"))
+        for v in g["vertices"]:
+            if v["kind"] == "gpu":
+                v["attrs"]["nvlink_clique"] = "rack-0.32766"
+        nodes.append(from_graph(g))
+    req = Request(gpus=16, nics_per_gpu=1, pattern="data-parallel", name="dp16")
+    occ = Occupancy(allocated={nodes[2].pool: {nodes[2].gpus[0].dra_device}})
+    expected, seen = [], set()
+    for c in place(nodes, occ, req, top=4 * len(nodes)):
+        if c.pods[0].node not in seen:
+            seen.add(c.pods[0].node)
+            expected.append(c)
+    got = options_now(Context(nodes, occ, 0.0), req)
+    assert [c for _, c in got] == expected and {c.kind for c in expected} == {
+        "nvlink-domain",
+        "multi-node",
+    }
 
 
 def test_remaining_time_of_a_job_past_its_estimate_grows_with_its_age() -> None:
