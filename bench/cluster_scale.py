@@ -48,6 +48,7 @@ import argparse
 import contextlib
 import fcntl
 import json
+import os
 import random
 import re
 import signal
@@ -911,12 +912,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     # SIGTERM (a timeout, a CI cancel) unwinds like ^C, so the control plane is stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    t0 = time.monotonic()
     # Hundreds of nodes: one such control plane on the machine at a time.
     with heavy_lock() if args.nodes >= 200 else contextlib.nullcontext():
+        t0 = time.monotonic()  # from holding the lock: another run's wait is not this one's
+        load0 = os.getloadavg()[0]
         results = run(plan)
+        load1 = os.getloadavg()[0]
     print(table(results))
-    print(f"\n# {time.monotonic() - t0:.0f}s in all")
+    print(
+        f"\n# {time.monotonic() - t0:.0f}s in all (lock held); "
+        f"1-minute load average {load0:.1f} at the start, {load1:.1f} at the end"
+    )
     if args.json:
         Path(args.json).write_text(json.dumps([asdict(r) for r in results], indent=1) + "\n")
     return 0
