@@ -17,11 +17,16 @@ device. This script repeats that search move for move and counts:
 
 per claim kind, on a free dgx-h100 and pcie-8gpu node and on nodes with 1 or 2 GPUs
 free, for the claims this tree writes and the frozen ones from
-bench/data/cluster_scale_old_claims.json. It needs no cluster; bench/cluster_scale.py
+bench/data/cluster_scale_old_claims.json. A second table puts that per pod on an N-node
+cluster (half dgx-h100, half pcie-8gpu) as kube-scheduler spends it: nodes are filtered
+until its default adaptive percentageOfNodesToScore found enough feasible ones (420 of
+1,000; all of them when fewer fit), so a kind that fits half the nodes filters twice as
+many; empty, and at bench/cluster_scale.py's 90 % fill mix. It needs no cluster; bench/cluster_scale.py
 measures the same kinds on the real scheduler, and docs/performance.md puts the two
 side by side.
 
-Usage: python3 bench/allocator_cost.py [--claims old|new|both] [--kinds a,b]
+Usage: python3 bench/allocator_cost.py [--claims old|new|both] [--kinds a,b] [--nodes N]
+  [--extra FILE]
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
     sys.path.pop(0)
 
 import argparse
+import json
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -44,6 +50,7 @@ if str(REPO) not in sys.path:
 
 from bench.cluster_scale import (  # noqa: E402
     DRIVER,
+    FILL_MIX,
     MACHINES,
     gpu_names,
     gpus_of,
@@ -201,10 +208,75 @@ def scenarios() -> list[tuple[str, list[dict[str, Any]], set[str]]]:
     return out
 
 
+@dataclass
+class PodCost:
+    """One pod's allocator work over the cluster, as kube-scheduler spends it."""
+
+    evaluations: float  # CEL evaluations summed over the nodes filtered
+    nodes: float  # nodes filtered
+    feasible: float  # share of nodes that can take the claim
+
+
+def nodes_to_find(n: int) -> int:
+    """kube-scheduler's default percentageOfNodesToScore (adaptive): it stops filtering
+    once this many nodes passed (all nodes below 100)."""
+    if n < 100:
+        return n
+    pct = max(5, 50 - n // 125)
+    return max(100, n * pct // 100)
+
+
+NodeState = tuple[float, list[dict[str, Any]], set[str]]
+
+
+def node_states(fill_pct: int, samples: int = 4) -> list[NodeState]:
+    """(share of the cluster's nodes, slices, devices in use) for bench/cluster_scale.py's
+    fill: each machine half the nodes, busy GPUs per FILL_MIX at 90 % (drawn at random,
+    ``samples`` draws per state), none at 0 %."""
+    slices = node_slices([(m, m) for m in MACHINES])
+    rng = random.Random(22)
+    out: list[NodeState] = []
+    for m in MACHINES:
+        gpus = gpu_names(slices[m])
+        if fill_pct == 0:
+            out.append((1 / len(MACHINES), slices[m], set()))
+            continue
+        for busy, share in FILL_MIX:
+            busy = min(len(gpus), round(busy * fill_pct / 90))
+            draws = 1 if busy in (0, len(gpus)) else samples
+            for _ in range(draws):
+                w = share / len(MACHINES) / draws
+                out.append((w, slices[m], set(rng.sample(gpus, busy))))
+    return out
+
+
+def pod_cost(
+    spec: Mapping[str, Any],
+    states: Sequence[NodeState],
+    classes: Mapping[str, Mapping[str, Any]],
+    n: int = 1000,
+) -> PodCost:
+    """Expected CEL evaluations per pod on an N-node cluster of ``states``: the scheduler
+    filters nodes until nodes_to_find(N) passed (or all N), so a kind that fits fewer
+    nodes filters more of them."""
+    cel = feasible = 0.0
+    for w, sl, busy in states:
+        c = search_cost(spec, sl, busy, classes)
+        cel += w * c.cel
+        feasible += w * (1.0 if c.ok else 0.0)
+    want = nodes_to_find(n)
+    nodes = float(n) if feasible * n <= want else want / feasible
+    return PodCost(evaluations=cel * nodes, nodes=nodes, feasible=feasible)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--claims", choices=["old", "new", "both"], default="both")
     ap.add_argument("--kinds", default=None)
+    ap.add_argument("--nodes", type=int, default=1000, help="cluster size of the per-pod model")
+    ap.add_argument(
+        "--extra", default=None, metavar="FILE", help="more kinds: JSON {name: claim spec}"
+    )
     args = ap.parse_args(argv)
     classes = {c["metadata"]["name"]: c for c in device_classes(DRIVER)}
     sets = []
@@ -212,13 +284,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         sets.append(("old", old_claims()))
     if args.claims in ("new", "both"):
         sets.append(("new", new_claims()))
+    if args.extra:
+        sets.append(("extra", json.loads(Path(args.extra).read_text())))
 
     def size(k: str) -> int:
         return gpus_of(next(s[k] for _, s in sets if k in s))
 
     kinds = sorted({k for _, s in sets for k in s}, key=lambda k: (size(k), k))
     if args.kinds:
-        kinds = [k for k in kinds if k in args.kinds.split(",")]
+        extra = dict(sets).get("extra", {})
+        kinds = [k for k in kinds if k in args.kinds.split(",") or k in extra]
     scen = scenarios()
     print("cel evaluations / constraint tries per node (x = cannot allocate; > = over the cap)")
     print(f"{'claim':<48} {'set':<5} " + " ".join(f"{s[0]:>18}" for s in scen))
@@ -234,6 +309,29 @@ def main(argv: Sequence[str] | None = None) -> int:
                 mark = ">" if c.capped else ("" if c.ok else "x")
                 cells.append(f"{mark}{c.cel}/{c.tries}")
             print(f"{name:<48} {label:<5} " + " ".join(f"{x:>18}" for x in cells))
+    print()
+    print(
+        f"per pod on {args.nodes} nodes: CEL evaluations summed over the nodes the scheduler "
+        "filters (x plain of as many GPUs), nodes filtered, share of nodes that fit"
+    )
+    fills = (0, 90)
+    print(f"{'claim':<48} {'set':<5} " + " ".join(f"{f'fill {f}%':>30}" for f in fills))
+    states = {f: node_states(f) for f in fills}
+    for g in sorted({size(k) for k in kinds}):
+        rows = [(f"plain {g}", "plain", plain_spec(g))]
+        rows += [
+            (k, label, s[k]) for k in kinds for label, s in sets if k in s and gpus_of(s[k]) == g
+        ]
+        base = {f: pod_cost(rows[0][2], states[f], classes, args.nodes) for f in fills}
+        for name, label, spec in rows:
+            cells = []
+            for f in fills:
+                pc = pod_cost(spec, states[f], classes, args.nodes)
+                ratio = pc.evaluations / base[f].evaluations if base[f].evaluations else 0.0
+                cells.append(
+                    f"{pc.evaluations:7.0f} ({ratio:4.1f}) {pc.nodes:5.0f} {pc.feasible:5.0%}"
+                )
+            print(f"{name:<48} {label:<5} " + " ".join(f"{x:>30}" for x in cells))
     return 0
 
 

@@ -26,29 +26,41 @@ numa   ``resource.kubernetes.io/numaNode`` (one socket; N > 1 only)
 any    nothing (plain count)
 ====== ==============================================================
 
-With NICs, one request ``gpu-i`` per GPU (all GPU requests first, so a node with too few
-free GPUs fails before any NIC is looked at), then one ``nic-i`` per GPU (sub-requests
-``paired`` then ``unpaired``, ``nicsPerGpu`` NICs each):
+With NICs, one request ``gpu-i`` and one ``nic-i`` per GPU (``nic-i``: sub-requests
+``paired`` then ``unpaired``, ``nicsPerGpu`` NICs each), in the order ``gpu-0``, ``nic-0``,
+then every other ``gpu-i``, then their NICs:
 
 ======== ================================================================================
-rung     GPU i
+request  rungs
 ======== ================================================================================
-paired   with ``nic-i/paired`` in its own closest-NIC group (``nicAffinity`` equal), the
-         paired GPUs in distinct groups (``distinctAttribute: nicAffinity``)
-any      anything, with ``nic-i/unpaired``
+gpu-0    none: one plain GPU (the gate), ``nic-0/paired`` behind the same PCIe root
+         (``pcieRoot``)
+gpu-i    ``paired``: with ``nic-i/paired`` in its own closest-NIC group (``nicAffinity``
+         equal), off gpu-0's root, the paired GPUs in distinct groups
+         (``distinctAttribute``); ``any``: anything, with ``nic-i/unpaired``
 ======== ================================================================================
 
-A paired rung may not take ``nic-i/unpaired`` (a constraint ``matchAttribute:
-toposlice.dev/type`` over ``gpu-i/paired`` and ``nic-i/unpaired``: a GPU and a NIC never
-share a type, and that constraint binds nothing else), so the allocator tries every GPU of
-the paired rung before it drops to ``any``. Machines without close NICs (GB200 trays) get
-their GPUs and NICs through ``any``. Since the slices list each GPU's group NICs right
-behind it (normalize.devices.allocation_order), a paired NIC request finds its NIC at the
-first device it evaluates. Per pair that is two constraints, plus one ``distinctAttribute``
-and one for CPUs: up to 15 pairs; above that (or above 16 GPUs: 32 requests) the count
-ladder with a ``nics`` request. With a chosen placement (``--emit-claim``), ``gpu-i/chosen``
+The gate is what a full cluster needs: a request with rungs fails on a node without a free
+GPU once per rung, each a scan of the node's devices, while a plain GPU fails in one, as a
+plain count does. A constraint naming a whole request binds whatever it allocates and
+fails on a device without the attribute, so the gate's pair is tied by the attribute every
+PCI device has (``pcieRoot``; ``nicAffinity`` is absent on GB200 GPUs, ``numaNode`` in a VM
+without NUMA). ``nic-0`` comes right after the gate so that where no NIC shares its root
+(MI300X: the socket's NIC; GB200) it takes the first free NIC in slice order, the gate's
+NUMA node's, and the paired GPUs back off that group, not the other way round; every other
+``gpu-i`` comes before any other NIC, so a node with too few free GPUs fails before the
+search looks for those NICs. A paired rung may not take ``nic-i/unpaired`` (a constraint
+``matchAttribute: toposlice.dev/type`` over ``gpu-i/paired`` and ``nic-i/unpaired``: a GPU
+and a NIC never share a type, and that constraint binds nothing else), so the allocator
+tries every GPU of the paired rung before it drops to ``any``. Machines without close NICs
+(GB200 trays) get their GPUs and NICs through ``any``. Since the slices list each GPU's
+group NICs right behind it (normalize.devices.allocation_order), a paired NIC request finds
+its NIC at the first device it evaluates. Per pair that is two constraints, plus two
+``distinctAttribute`` and one for CPUs (``cpu/numa`` on ``nic-0/paired``'s NUMA node): up
+to 15 pairs; above that (or above 16 GPUs: 32 requests) the count ladder with a ``nics``
+request. With a chosen placement (``--emit-claim``) there is no gate: ``gpu-i/chosen``
 (that GPU, pinned by ``pciBusID``) and ``nic-i/chosen`` come first, tied by the attribute
-the chosen pair shares.
+the chosen pair shares, then the rungs above for every GPU.
 """
 
 from __future__ import annotations
@@ -136,20 +148,49 @@ def ladder_spec(
     requests: list[dict[str, Any]] = []
     constraints: list[dict[str, Any]] = []
     numa_refs: list[str] = []
-    # Two constraints per pair (three when a chosen pair shares another attribute), one
-    # distinctAttribute over the paired GPUs, one for CPUs.
+    # Two constraints per pair (three when a chosen pair shares another attribute; one for
+    # the gate), two distinctAttribute over the paired GPUs, one for CPUs.
     pair_constraints = 2 * gpus + (gpus if chosen else 0) + 1 + (1 if cpu_groups else 0)
     paired = nics_per_gpu > 0 and 2 * gpus + (1 if cpu_groups else 0) <= MAX_REQUESTS
     paired = paired and pair_constraints <= MAX_CONSTRAINTS and "paired" not in drop
     if paired:
         nic_requests: list[dict[str, Any]] = []
         paired_gpus: list[str] = []
+        gate = ""
         for i in range(gpus):
             g, n = f"gpu-{i}", f"nic-{i}"
+            nic_pin = chosen.nic_bus_ids[i] if chosen and i < len(chosen.nic_bus_ids) else ()
+            # nic-i: a NIC paired with gpu-i, else any NIC. The constraints name nic-i's
+            # sub-requests, never nic-i itself: a NIC without the pair attribute (no GPU's
+            # closest: GB200) stays usable unpaired.
+            nsubs = []
+            nrefs = [f"{n}/paired"]
+            if nic_pin:
+                nsubs.append(_sub("chosen", ncls, nics_per_gpu, [pin_expression(nic_pin)]))
+                nrefs.append(f"{n}/chosen")
+            nsubs += [
+                _sub("paired", ncls, nics_per_gpu, []),
+                _sub("unpaired", ncls, nics_per_gpu, []),
+            ]
+            nic_requests.append({"name": n, "firstAvailable": nsubs})
+            if i == 0 and not chosen:
+                # The gate: gpu-0 is one plain GPU, no rungs, so a node without a free GPU
+                # (most nodes of a full cluster) fails in one scan of its devices, as a
+                # plain count does, instead of one per rung. A constraint naming gpu-0
+                # binds whatever it is, so its pair is tied by the attribute every PCI
+                # GPU has, pcieRoot (its NIC behind the same root: the DGX's ConnectX-7,
+                # pcie-8gpu's switch NIC; none on MI300X and GB200, which take nic-0
+                # unpaired). gpu-0 stays out of the nicAffinity distinctAttribute below;
+                # the paired GPUs keep off its root instead (its switch, on pcie-8gpu).
+                requests.append({"name": g, "exactly": _exact(gcls, 1, gpu_selectors)})
+                requests.append(nic_requests.pop())
+                gate = g
+                constraints.append({"requests": [g, *nrefs], "matchAttribute": PCIE_ROOT})
+                numa_refs.append(f"{n}/paired")
+                continue
             subs = []
             pair_refs: dict[str, list[str]] = {affinity: [f"{g}/paired"]}
             forbid = [f"{g}/paired"]
-            nic_pin = chosen.nic_bus_ids[i] if chosen and i < len(chosen.nic_bus_ids) else ()
             if chosen:
                 pin = pin_expression([chosen.gpu_bus_ids[i]])
                 subs.append(_sub("chosen", gcls, 1, [*gpu_selectors, pin]))
@@ -162,19 +203,6 @@ def ladder_spec(
             if i == 0:
                 numa_refs.append(f"{g}/paired")
             requests.append({"name": g, "firstAvailable": subs})
-            # nic-i: a NIC paired with gpu-i, else (only for gpu-i/any) any NIC. The
-            # constraints name nic-i's sub-requests, never nic-i itself: a NIC without
-            # nicAffinity (no GPU's closest: GB200) stays usable unpaired.
-            nsubs = []
-            nrefs = [f"{n}/paired"]
-            if nic_pin:
-                nsubs.append(_sub("chosen", ncls, nics_per_gpu, [pin_expression(nic_pin)]))
-                nrefs.append(f"{n}/chosen")
-            nsubs += [
-                _sub("paired", ncls, nics_per_gpu, []),
-                _sub("unpaired", ncls, nics_per_gpu, []),
-            ]
-            nic_requests.append({"name": n, "firstAvailable": nsubs})
             for attr, refs in pair_refs.items():
                 constraints.append({"requests": [*refs, *nrefs], "matchAttribute": attr})
             # A GPU and a NIC never share their `type`: this forbids the unpaired NIC
@@ -182,8 +210,11 @@ def ladder_spec(
             kind = qualified(driver, "type")
             constraints.append({"requests": [*forbid, f"{n}/unpaired"], "matchAttribute": kind})
         requests += nic_requests
-        if gpus > 1:  # each paired GPU in a group of its own: prunes before any NIC search
+        if len(paired_gpus) > 1:  # each paired GPU in a group of its own: prunes early
             constraints.append({"requests": paired_gpus, "distinctAttribute": affinity})
+        if gate and paired_gpus:
+            refs = [gate, *paired_gpus]
+            constraints.append({"requests": refs, "distinctAttribute": PCIE_ROOT})
     else:
         subs = []
         if chosen:

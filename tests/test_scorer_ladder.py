@@ -98,7 +98,9 @@ def test_best_class_when_free_looser_when_taken_pcie() -> None:
     got = alloc.allocate(spec)
     assert got is not None
     rungs = rung_of([r.request for r in got])
-    assert rungs == {"gpu-0": "paired", "gpu-1": "paired", "nic-0": "paired", "nic-1": "paired"}
+    # gpu-0 is the gate (one plain GPU, no rungs); its NIC pairs by pcieRoot.
+    assert rungs == {"gpu-1": "paired", "nic-0": "paired", "nic-1": "paired"}
+    assert "gpu-0" in {r.request for r in got}
     devs = {r.request.split("/")[0]: r.device for r in got}
     aff = "nicAffinity"
     # Each GPU with the NIC on its own switch, the two GPUs behind different switches.
@@ -108,14 +110,13 @@ def test_best_class_when_free_looser_when_taken_pcie() -> None:
             "pcie-8gpu", devs[f"nic-{i}"], aff
         )
     best = prioritized_score(spec, [r.request for r in got])
-    # Only the two GPUs of one switch free: one pairs with that switch's NIC, the other
-    # takes the looser rung (and a NIC close to some GPU: nic-1/paired is tied to
+    # Only the two GPUs of one switch free: the gate pairs with that switch's NIC, the
+    # other takes the looser rung (and a NIC close to some GPU: nic-1/paired is tied to
     # gpu-1/paired only).
     busy = _busy("pcie-8gpu", [f"gpu-0000-{b}-00-0" for b in ("3a", "3b", "9a", "9b", "ba", "bb")])
     got2 = alloc.allocate(spec, busy)
     assert got2 is not None
     assert rung_of([r.request for r in got2]) == {
-        "gpu-0": "paired",
         "gpu-1": "any",
         "nic-0": "paired",
         "nic-1": "paired",
@@ -128,7 +129,13 @@ def test_mi300x_pairs_each_gpu_with_its_socket_nic() -> None:
     spec = ladder_spec(2, 1, DRIVER)
     got = alloc.allocate(spec)
     assert got is not None
-    assert set(rung_of([r.request for r in got]).values()) == {"paired"}
+    # No NIC shares a GPU's root there, so the gate's NIC is unpaired by rung, yet the
+    # search lands its socket's NIC: gpu-1/paired backs off the gate's socket.
+    assert rung_of([r.request for r in got]) == {
+        "nic-0": "unpaired",
+        "gpu-1": "paired",
+        "nic-1": "paired",
+    }
     devs = {r.request.split("/")[0]: r.device for r in got}
     for i in (0, 1):
         aff = "nicAffinity"
@@ -272,7 +279,7 @@ def test_claim_command(capsys: pytest.CaptureFixture[str]) -> None:
         "nic.toposlice.dev",
     }
     # the scorer's score of the set it lands on (the same number `toposlice score` gives)
-    assert re.search(r"# mi300x-8: score [0-9.]+; gpu-0/paired = gpu-0000-0c-00-0", captured.err)
+    assert re.search(r"# mi300x-8: score [0-9.]+; gpu-0 = gpu-0000-0c-00-0", captured.err)
 
 
 def test_claim_command_json_memory_and_errors(capsys: pytest.CaptureFixture[str]) -> None:

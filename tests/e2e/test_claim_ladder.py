@@ -177,7 +177,7 @@ def test_ladder_first_rung_then_a_looser_one(
     second = _allocated(cluster, "ladder-b", ladder)
     assert second == _predicted(slices, ladder, first + blocked)
     rungs2 = rung_of([r for r, _ in second])
-    assert (rungs2["gpu-0"], rungs2["gpu-1"]) == ("paired", "any")
+    assert (rungs2["nic-0"], rungs2["gpu-1"]) == ("paired", "any")  # gpu-0: the gate
     score = prioritized_score(ladder, [r for r, _ in second])
     assert score < prioritized_score(ladder, [r for r, _ in first])
     gpus = {d for r, d in second if r.startswith("gpu-")}
