@@ -21,9 +21,9 @@ bench/data/cluster_scale_old_claims.json. A second table puts that per pod on an
 cluster (half dgx-h100, half pcie-8gpu) as kube-scheduler spends it: nodes are filtered
 until its default adaptive percentageOfNodesToScore found enough feasible ones (420 of
 1,000; all of them when fewer fit), so a kind that fits half the nodes filters twice as
-many; empty, and at bench/cluster_scale.py's 90 % fill mix. It needs no cluster; bench/cluster_scale.py
-measures the same kinds on the real scheduler, and docs/performance.md puts the two
-side by side.
+many; empty, and at bench/cluster_scale.py's 90 % fill mix. It needs no cluster;
+bench/cluster_scale.py measures the same kinds on the real scheduler, and
+docs/performance.md puts the two side by side.
 
 Usage: python3 bench/allocator_cost.py [--claims old|new|both] [--kinds a,b] [--nodes N]
   [--extra FILE]
