@@ -50,6 +50,7 @@ from .kube import (
     build_api_client,
     driver_user_agent,
     get_node,
+    on_request,
 )
 from .logs import log_dropped
 
@@ -266,6 +267,8 @@ class Daemon:
             )
         except KubeConfigError as exc:
             raise StartupError(str(exc)) from exc
+        if self.metrics is not None:
+            on_request(client, self.metrics.api_request)
         deadline = time.monotonic() + self.cfg.startup_timeout
         delay = 0.5
         while True:
@@ -331,6 +334,10 @@ class Daemon:
         except (OSError, ValueError) as exc:
             self._fail_start()
             raise StartupError(f"cannot serve the kubelet: {exc}") from exc
+        if cfg.http_addr:  # metrics only have a reader with the HTTP server
+            from .metrics import DriverMetrics
+
+            self.metrics = DriverMetrics()
         try:
             self.client = self._connect()
         except StartupError:
@@ -357,10 +364,8 @@ class Daemon:
             resync_seconds=cfg.resync_interval,
             node_uid=(self.node or {}).get("metadata", {}).get("uid"),
         )
-        if cfg.http_addr:  # metrics only have a reader with the HTTP server
-            from .metrics import DriverMetrics
-
-            self.metrics = metrics = DriverMetrics()
+        if self.metrics is not None:
+            metrics = self.metrics
             self.publisher.on_write = lambda op, err, ok: metrics.slice_write(op, err, ok=ok)
         self._publish_desired()
         self._check_nvml(self._snap.inventory)

@@ -172,6 +172,7 @@ def request_json(
     url = _base_url(client) + path
     if query:
         url += "?" + urlencode(query)
+    _note(client, method, path, query)
     resp = client.rest_client.request(
         method, url, headers=headers, body=body, _request_timeout=REQUEST_TIMEOUT
     )
@@ -179,6 +180,38 @@ def request_json(
     if not 200 <= resp.status <= 299:
         raise ApiException(http_resp=resp)
     return json.loads(data) if data else None
+
+
+#: HTTP method -> API verb (a GET is get, list or watch by its path and query).
+_VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
+
+
+def on_request(client: ApiClient, hook: Callable[[str, str], None] | None) -> None:
+    """Tell ``hook(verb, resource)`` of every request the driver's calls send on
+    ``client`` (``toposlice_api_requests_total``; the fleet bench and tests count them)."""
+    client.__dict__["_toposlice_on_request"] = hook
+
+
+def request_verb(method: str, path: str, query: list[tuple[str, str]] | None) -> tuple[str, str]:
+    """(verb, resource) of a request, as the API server's metrics name them (lower case):
+    ``GET /apis/g/v/resourceslices?watch=true`` is (watch, resourceslices)."""
+    parts = [p for p in path.split("?")[0].split("/") if p]
+    rest = parts[2:] if parts[:1] == ["api"] else parts[3:]
+    if len(rest) >= 2 and rest[0] == "namespaces":
+        rest = rest[2:]
+    resource = rest[0] if rest else ""
+    if method == "GET":
+        if len(rest) > 1:
+            return "get", resource
+        watching = any(k == "watch" and v in ("true", "1") for k, v in query or [])
+        return ("watch" if watching else "list"), resource
+    return _VERBS.get(method, method.lower()), resource
+
+
+def _note(client: ApiClient, method: str, path: str, query: list[tuple[str, str]] | None) -> None:
+    hook = client.__dict__.get("_toposlice_on_request")
+    if hook is not None:
+        hook(*request_verb(method, path, query))
 
 
 #: Seconds the Authorization header is reused. The configuration's refresh hook (which
@@ -262,6 +295,7 @@ def collection_lister(client: ApiClient, path: str) -> Callable[..., Any]:
             query.append((_LIST_PARAMS[key], text))
         headers = {**client.default_headers, **_auth_headers(client), "Accept": "application/json"}
         url = _base_url(client) + path + ("?" + urlencode(query) if query else "")
+        _note(client, "GET", path, query)
         resp = client.rest_client.request(
             "GET", url, headers=headers, _request_timeout=_request_timeout or REQUEST_TIMEOUT
         )
