@@ -62,6 +62,8 @@ class ServerView:
         self._cond = threading.Condition()
         self._written: dict[str, tuple[float, Obj | None, int]] = {}
         """key -> (expiry, our write's answer or None for a deletion, its resourceVersion)."""
+        self._deletions: dict[str, int] = {}
+        """DELETED events seen per key (what :meth:`wait_newer` waits for, too)."""
         self._answered_at = -1
         """The informer's failure count when the server last answered a LIST or WATCH."""
         self.informer: Informer[Obj] = Informer(
@@ -148,14 +150,17 @@ class ServerView:
         """After a conflict on ``obj``: wait (bounded) until the watch shows a newer
         version of it, or its deletion. False when none came in time."""
         key, rv = object_key(obj), rv_int(obj)
-        deadline = self.clock() + timeout
+        deadline = time.monotonic() + timeout
         with self._cond:
+            deletions = self._deletions.get(key, 0)
             while True:
                 cur = self.informer.store.get(key)
-                if cur is None or rv_int(cur) > rv:
-                    self._written.pop(key, None)
+                # Absent from the watch is not "deleted": it may not have shown it yet.
+                if (cur is not None and rv_int(cur) > rv) or self._deletions.get(
+                    key, 0
+                ) != deletions:
                     return True
-                left = deadline - self.clock()
+                left = deadline - time.monotonic()
                 if left <= 0:
                     return False
                 self._cond.wait(min(left, 0.1))
@@ -164,6 +169,8 @@ class ServerView:
 
     def _event(self, typ: str, key: str, old: Any, new: Any) -> None:
         with self._cond:
+            if typ == "DELETED":
+                self._deletions[key] = self._deletions.get(key, 0) + 1
             mine = self._written.get(key)
             if mine is not None and (typ == "DELETED" or rv_int(new) >= mine[2]):
                 del self._written[key]  # the watch has caught up with our write
