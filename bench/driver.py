@@ -225,6 +225,7 @@ def publishers_writes(tmp: Path, nodes: int, workers: int) -> dict[str, Any]:
     from toposlice.discover import discover
 
     api = ApiProcess(tmp, "--nodes", str(nodes))
+    pubs: list[SlicePublisher] = []
     try:
         devices = [dict(d) for d in build_snapshot(discover("/", fake="dgx-h100"), "x").devices]
         client = build_api_client(str(api.kubeconfig))
@@ -261,6 +262,8 @@ def publishers_writes(tmp: Path, nodes: int, workers: int) -> dict[str, Any]:
             "steady_after": (steady2, steady2_s),
         }
     finally:
+        for p in pubs:  # each watches its slices (driver/server_view.py)
+            p.view.stop()
         api.stop()
 
 

@@ -43,7 +43,15 @@ from normalize.snapshot import Snapshot, build_snapshot
 from .config import DaemonConfig
 from .health import EventSource, HealthMonitor, LinkState, sysfs_link_reader
 from .interfaces import DeviceHealth, DriverStatus
-from .kube import KubeConfigError, KubeUnavailable, NodeNotFound, build_api_client, get_node
+from .kube import (
+    KubeConfigError,
+    KubeUnavailable,
+    NodeNotFound,
+    build_api_client,
+    driver_user_agent,
+    get_node,
+    on_request,
+)
 from .logs import log_dropped
 
 if TYPE_CHECKING:
@@ -179,6 +187,8 @@ class Daemon:
         self.dra: DraServer | None = None
         self.registrar: Registrar | None = None
         self.publisher: SlicePublisher | None = None
+        self.node: dict[str, Any] | None = None
+        """The Node as read at start (its UID owns the slices; the Events name it)."""
         self.topology_writers: list[TopologyObjectWriter] = []
         """NodeResourceTopology / NodeFeature writers (``--nrt``, ``--node-feature``)."""
         self.http: Any = None
@@ -252,14 +262,18 @@ class Daemon:
 
     def _connect(self) -> ApiClient:
         try:
-            client = self.client or build_api_client(self.cfg.kubeconfig)
+            client = self.client or build_api_client(
+                self.cfg.kubeconfig, user_agent=driver_user_agent(self.cfg.node_name)
+            )
         except KubeConfigError as exc:
             raise StartupError(str(exc)) from exc
+        if self.metrics is not None:
+            on_request(client, self.metrics.api_request)
         deadline = time.monotonic() + self.cfg.startup_timeout
         delay = 0.5
         while True:
             try:
-                get_node(client, self.cfg.node_name)
+                self.node = get_node(client, self.cfg.node_name)
                 return client
             except (KubeUnavailable, NodeNotFound) as exc:
                 if time.monotonic() + delay > deadline or self._stop.is_set():
@@ -320,6 +334,10 @@ class Daemon:
         except (OSError, ValueError) as exc:
             self._fail_start()
             raise StartupError(f"cannot serve the kubelet: {exc}") from exc
+        if cfg.http_addr:  # metrics only have a reader with the HTTP server
+            from .metrics import DriverMetrics
+
+            self.metrics = DriverMetrics()
         try:
             self.client = self._connect()
         except StartupError:
@@ -344,11 +362,10 @@ class Daemon:
             cfg.node_name,
             max_devices_per_slice=cfg.normalize.max_devices_per_slice,
             resync_seconds=cfg.resync_interval,
+            node_uid=(self.node or {}).get("metadata", {}).get("uid"),
         )
-        if cfg.http_addr:  # metrics only have a reader with the HTTP server
-            from .metrics import DriverMetrics
-
-            self.metrics = metrics = DriverMetrics()
+        if self.metrics is not None:
+            metrics = self.metrics
             self.publisher.on_write = lambda op, err, ok: metrics.slice_write(op, err, ok=ok)
         self._publish_desired()
         self._check_nvml(self._snap.inventory)
@@ -547,11 +564,15 @@ class Daemon:
         node_name = self.cfg.node_name
 
         def post() -> None:
-            try:
-                node = get_node(client, node_name)
-            except Exception as exc:
-                log.warning("could not read node %s for the %s event: %s", node_name, reason, exc)
-                return
+            node = self.node  # read at start; the event names its UID
+            if node is None:
+                try:
+                    node = get_node(client, node_name)
+                except Exception as exc:
+                    log.warning(
+                        "could not read node %s for the %s event: %s", node_name, reason, exc
+                    )
+                    return
             post_node_event(client, node, message, f"{self.cfg.driver_name}-kubelet-plugin", reason)
 
         self._spawn(post, "node-event")

@@ -6,11 +6,14 @@ plain JSON: the typed models would cost more than the events) applies every ADDE
 MODIFIED and DELETED. When a stream ends (the server's ``timeoutSeconds``, an API-server
 restart, a broken connection) the watch resumes from the last resourceVersion seen, from
 an event or a bookmark; when the server did not answer, after a capped exponential
-backoff with jitter, so a fleet does not return in step. Only ``410 Gone`` (the version
-left the server's window) lists again, once, served from the API server's watch cache
-(``resourceVersionMatch=NotOlderThan`` the last version seen). A restarted API server
-starts its watch cache at etcd's current revision, so a watch older than that gets 410:
-one LIST per informer after an API-server restart, measured in
+backoff with jitter, so a fleet does not return in step. A stream the server ended long
+before its timeout (a shutting-down API server closes every watch, and would accept a
+re-watch on the kept-alive connection while it drains) is resumed after a jittered delay
+(``rewatch_delay_s``, doubling while streams keep ending early), not at once. Only
+``410 Gone`` (the version left the server's window) lists again, once, served from the
+API server's watch cache (``resourceVersionMatch=NotOlderThan`` the last version seen).
+A restarted API server starts its watch cache at etcd's current revision, so a watch
+older than that gets 410: one LIST per informer after an API-server restart, measured in
 tests/e2e/test_scorer_informers.py. There is no periodic LIST.
 
 Objects are kept as ``transform(obj)`` (what the reader needs, not 16 KB of slice) under
@@ -72,6 +75,7 @@ class Informer(Generic[T]):
         watch_timeout_s: float = 300.0,
         backoff_base: float = 0.2,
         backoff_max: float = 30.0,
+        rewatch_delay_s: float = 1.0,
         rng: random.Random | None = None,
     ) -> None:
         self.name = name
@@ -83,6 +87,7 @@ class Informer(Generic[T]):
         self.watch_timeout_s = watch_timeout_s
         self.backoff_base = backoff_base
         self.backoff_max = backoff_max
+        self.rewatch_delay_s = rewatch_delay_s
         self.rng = rng or random.Random()
         self.store: dict[str, T] = {}
         self._versions: dict[str, str | None] = {}
@@ -98,6 +103,8 @@ class Informer(Generic[T]):
         self._thread: threading.Thread | None = None
         self._watch: Any = None
         self._list_from: str | None = None
+        self._early = False
+        """The last watch stream ended without error well before its timeout."""
 
     # -- reads ---------------------------------------------------------------------------
 
@@ -134,12 +141,18 @@ class Informer(Generic[T]):
 
     def run(self) -> None:
         failures = 0
+        early = 0
         while not self._stop.is_set():
             try:
                 if self.resource_version is None:
                     self._relist()
                 if self._watch_once():
                     failures = 0
+                if self._early:
+                    self._stop.wait(self.rewatch_delay(early))
+                    early += 1
+                else:
+                    early = 0
                 continue
             except Gone:
                 log.info("informer %s: resourceVersion too old, listing again", self.name)
@@ -173,6 +186,12 @@ class Informer(Generic[T]):
 
     def backoff(self, attempt: int) -> float:
         ceiling = min(self.backoff_max, self.backoff_base * (2 ** min(attempt, 30)))
+        return ceiling * (0.5 + 0.5 * self.rng.random())
+
+    def rewatch_delay(self, early: int) -> float:
+        """Seconds before resuming after the ``early``-th stream in a row that the server
+        ended early: half to all of ``rewatch_delay_s`` doubled per repeat, capped."""
+        ceiling = min(self.backoff_max, self.rewatch_delay_s * (2 ** min(early, 30)))
         return ceiling * (0.5 + 0.5 * self.rng.random())
 
     # -- list and watch ------------------------------------------------------------------
@@ -225,6 +244,7 @@ class Informer(Generic[T]):
         self._watch = w
         self.watches += 1
         delivered = False
+        self._early = False
         began = time.monotonic()
         try:
             for ev in w.stream(
@@ -255,8 +275,10 @@ class Informer(Generic[T]):
             raise
         finally:
             self._watch = None
+        ran = time.monotonic() - began
+        self._early = not self._stop.is_set() and ran < 0.9 * timeout
         # A stream that ran a while (the server's timeout) is a healthy one, too.
-        return delivered or time.monotonic() - began > 1.0
+        return delivered or ran > 1.0
 
     def _apply(self, typ: str, key: str, obj: dict[str, Any] | None) -> None:
         old = self.store.get(key)

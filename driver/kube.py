@@ -11,6 +11,7 @@ request than the request; the publisher compares plain dicts anyway. The test AP
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from time import monotonic
 from typing import TYPE_CHECKING, Any
@@ -58,8 +59,11 @@ class ApiFailure:
         return self.status is None or self.status == 429 or self.status >= 500
 
 
-def build_api_client(kubeconfig: str | None) -> ApiClient:
-    """An ``ApiClient`` from ``kubeconfig``, or the in-cluster service account when None."""
+def build_api_client(kubeconfig: str | None, user_agent: str | None = None) -> ApiClient:
+    """An ``ApiClient`` from ``kubeconfig``, or the in-cluster service account when None.
+
+    ``user_agent``: sent with every request (the driver names its node in it, so that a
+    fleet's requests can be told apart in the API server's audit log)."""
     from kubernetes import config
     from kubernetes.client import ApiClient, Configuration
     from kubernetes.config.config_exception import ConfigException
@@ -79,7 +83,22 @@ def build_api_client(kubeconfig: str | None) -> ApiClient:
     # a smaller pool closes the extra ones after use, and each later call opens a new TLS
     # connection.
     cfg.connection_pool_maxsize = max(cfg.connection_pool_maxsize or 0, 16)
-    return ApiClient(cfg)
+    client = ApiClient(cfg)
+    if user_agent:
+        client.user_agent = user_agent
+    return client
+
+
+def driver_user_agent(node_name: str) -> str:
+    """The User-Agent of ``toposlice run`` on ``node_name``: the API server's audit log
+    then tells a fleet's drivers apart (bench/driver_fleet.py counts requests by it)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        ver = version("toposlice")
+    except PackageNotFoundError:
+        ver = "dev"
+    return f"toposlice-run/{ver} (node {node_name})"
 
 
 def server_url(client: ApiClient) -> str:
@@ -153,6 +172,7 @@ def request_json(
     url = _base_url(client) + path
     if query:
         url += "?" + urlencode(query)
+    _note(client, method, path, query)
     resp = client.rest_client.request(
         method, url, headers=headers, body=body, _request_timeout=REQUEST_TIMEOUT
     )
@@ -160,6 +180,38 @@ def request_json(
     if not 200 <= resp.status <= 299:
         raise ApiException(http_resp=resp)
     return json.loads(data) if data else None
+
+
+#: HTTP method -> API verb (a GET is get, list or watch by its path and query).
+_VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
+
+
+def on_request(client: ApiClient, hook: Callable[[str, str], None] | None) -> None:
+    """Tell ``hook(verb, resource)`` of every request the driver's calls send on
+    ``client`` (``toposlice_api_requests_total``; the fleet bench and tests count them)."""
+    client.__dict__["_toposlice_on_request"] = hook
+
+
+def request_verb(method: str, path: str, query: list[tuple[str, str]] | None) -> tuple[str, str]:
+    """(verb, resource) of a request, as the API server's metrics name them (lower case):
+    ``GET /apis/g/v/resourceslices?watch=true`` is (watch, resourceslices)."""
+    parts = [p for p in path.split("?")[0].split("/") if p]
+    rest = parts[2:] if parts[:1] == ["api"] else parts[3:]
+    if len(rest) >= 2 and rest[0] == "namespaces":
+        rest = rest[2:]
+    resource = rest[0] if rest else ""
+    if method == "GET":
+        if len(rest) > 1:
+            return "get", resource
+        watching = any(k == "watch" and v in ("true", "1") for k, v in query or [])
+        return ("watch" if watching else "list"), resource
+    return _VERBS.get(method, method.lower()), resource
+
+
+def _note(client: ApiClient, method: str, path: str, query: list[tuple[str, str]] | None) -> None:
+    hook = client.__dict__.get("_toposlice_on_request")
+    if hook is not None:
+        hook(*request_verb(method, path, query))
 
 
 #: Seconds the Authorization header is reused. The configuration's refresh hook (which
@@ -204,3 +256,53 @@ def get_node(client: ApiClient, name: str) -> dict[str, Any]:
             ) from exc
         raise KubeUnavailable(f"API server {server_url(client)} refused: {f.message}") from exc
     return node
+
+
+#: The keyword arguments of the typed client's list calls, as query parameters.
+_LIST_PARAMS = {
+    "field_selector": "fieldSelector",
+    "label_selector": "labelSelector",
+    "limit": "limit",
+    "_continue": "continue",
+    "resource_version": "resourceVersion",
+    "resource_version_match": "resourceVersionMatch",
+    "allow_watch_bookmarks": "allowWatchBookmarks",
+    "timeout_seconds": "timeoutSeconds",
+    "watch": "watch",
+}
+
+
+def collection_lister(client: ApiClient, path: str) -> Callable[..., Any]:
+    """A list call of the collection at ``path`` with the typed client's keyword arguments
+    (``field_selector``, ``limit``, ``_continue``, ``resource_version``, ``watch``, ...), for
+    driver/informer.py and ``kubernetes.watch``: it answers the raw urllib3 response
+    (``.data``, or the event stream of a watch) and raises ``ApiException`` for non-2xx
+    answers, as the typed calls do with ``_preload_content=False``. The driver lists and
+    watches its own objects this way without importing the typed API classes (see the
+    module docstring)."""
+    from kubernetes.client.exceptions import ApiException
+
+    def list_call(
+        *, _preload_content: bool = False, _request_timeout: Any = None, **kwargs: Any
+    ) -> Any:
+        query: list[tuple[str, str]] = []
+        for key, value in kwargs.items():
+            if key not in _LIST_PARAMS:
+                raise TypeError(f"list of {path}: unexpected argument {key!r}")
+            if value is None:
+                continue
+            text = ("true" if value else "false") if isinstance(value, bool) else str(value)
+            query.append((_LIST_PARAMS[key], text))
+        headers = {**client.default_headers, **_auth_headers(client), "Accept": "application/json"}
+        url = _base_url(client) + path + ("?" + urlencode(query) if query else "")
+        _note(client, "GET", path, query)
+        resp = client.rest_client.request(
+            "GET", url, headers=headers, _request_timeout=_request_timeout or REQUEST_TIMEOUT
+        )
+        if not 200 <= resp.status <= 299:
+            resp.read()
+            raise ApiException(http_resp=resp)
+        return resp.response
+
+    list_call.__name__ = f"list {path}"
+    return list_call

@@ -72,6 +72,8 @@ GRPC_CODES = frozenset(
     }
 )
 SLICE_OPERATIONS = frozenset({"create", "update", "patch", "delete"})
+API_VERBS = frozenset({"get", "list", "watch", "create", "update", "patch", "delete"})
+MAX_RESOURCES = 8
 MAX_METHODS = 32
 MAX_PROBES = 32
 MAX_DRIVERS = 16
@@ -188,6 +190,14 @@ class DriverMetrics:
             ["operation"],
             registry=r,
         )
+        self._verbs = _Bounded(0, API_VERBS)
+        self._resources = _Bounded(MAX_RESOURCES)
+        self.api_requests = Counter(
+            f"{n}_api_requests",
+            "Requests sent to the Kubernetes API server, by verb and resource",
+            ["verb", "resource"],
+            registry=r,
+        )
         self.slice_errors = Counter(
             f"{n}_resourceslice_write_errors",
             "ResourceSlice writes that failed, by operation and HTTP status (or network)",
@@ -279,6 +289,10 @@ class DriverMetrics:
         self.slice_writes.labels(op).inc()
         if not ok or error is not None:
             self.slice_errors.labels(op, error_class(error)).inc()
+
+    def api_request(self, verb: str, resource: str) -> None:
+        """One request to the API server (driver/kube.py tells of each)."""
+        self.api_requests.labels(self._verbs(verb), self._resources(resource)).inc()
 
     def discovery(
         self, seconds: float, inventory: Inventory | None = None, failed: bool = False

@@ -1,11 +1,13 @@
 """Publish the node's pool as resource.k8s.io/v1 ResourceSlices, writing only what changed.
 
 One pool named after the node; every slice owned by the Node (so slices go with it) and
-named ``<index hex>-<driver>-<node>-<random>`` as the 1.36+ Go slice controller does. A
-reconcile lists this driver's slices on this node, diffs them against the desired pool and
-writes the difference:
+named ``<index hex>-<driver>-<node>-<random>`` as the 1.36+ Go slice controller does. What
+the server holds of this driver's slices on this node comes from a watch
+(driver/server_view.py: one LIST with a field selector on driver and node, then a WATCH
+resumed from its resourceVersion, relisting only on ``410 Gone``), never from a LIST per
+resync. A reconcile diffs that view against the desired pool and writes the difference:
 
-- nothing differs: no write at all (steady state, restarts with unchanged hardware);
+- nothing differs: no request at all (steady state, restarts with unchanged hardware);
 - slices of another pool, with an unparsable name, a duplicate or surplus index, or an
   older generation: deleted (UID + resourceVersion preconditions), never another driver's;
 - content changed in exactly one slice of a multi-slice pool: that slice is updated in
@@ -14,10 +16,12 @@ writes the difference:
   (a one-slice pool therefore gets generation+1 in one write);
 - missing slices (first start, kubelet wiped them, someone deleted one): created.
 
-Conflicts (409) re-read and retry at once; 429, 5xx and no answer back off exponentially
-with jitter (honouring ``Retry-After``), capped, logged, forever: an API outage is waited
-out, not fatal. A resync every ``resync_seconds`` restores slices that were deleted or
-edited behind the driver's back.
+A watch event on our slices (a deletion or edit behind the driver's back) reconciles at
+once; the periodic resync (``resync_seconds``) only compares again, locally. Conflicts
+(409) wait briefly for the watch to show the newer version, then retry; 429, 5xx and no
+answer back off exponentially with jitter (honouring ``Retry-After``), capped, logged,
+forever: an API outage is waited out, not fatal. While the watch is broken the publisher
+says it is not synced.
 
 Taints are compared without ``timeAdded`` (the server re-renders timestamps) and an
 existing taint keeps its ``timeAdded``.
@@ -29,6 +33,7 @@ import json
 import logging
 import random
 import re
+import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -38,8 +43,9 @@ from urllib.parse import quote
 from normalize.options import MAX_DEVICES_PER_SLICE
 from normalize.slices import API_VERSION, KIND, slice_name_prefix, split_devices
 
-from .kube import failure, request_json
+from .kube import ApiFailure, collection_lister, failure, request_json
 from .resync_loop import Restart, ResyncLoop, WriteError
+from .server_view import ServerView
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
@@ -122,7 +128,15 @@ class SlicePublisher(ResyncLoop):
         backoff_max: float = 30.0,
         rng: random.Random | None = None,
         on_change: Callable[[], None] | None = None,
+        node_uid: str | None = None,
+        watch_timeout_s: float = 300.0,
+        sync_timeout_s: float = 10.0,
+        conflict_wait_s: float = 1.0,
     ) -> None:
+        """``node_uid``: the Node's UID when the caller has read it already (the daemon
+        has, at start), saving a GET. ``sync_timeout_s``: how long a reconcile waits for
+        the first LIST; ``conflict_wait_s``: for the watch to show the version a 409 says
+        exists."""
         super().__init__(
             client,
             node_name,
@@ -147,6 +161,23 @@ class SlicePublisher(ResyncLoop):
         self.on_write: Callable[[str, int | str | None, bool], None] | None = None
         """Told of every write: (verb, HTTP status or "network" when it failed, ok)."""
         self.generation = 0
+        self._node_uid = node_uid
+        self.sync_timeout_s = sync_timeout_s
+        self.conflict_wait_s = conflict_wait_s
+        self.view = ServerView(
+            "resourceslices",
+            collection_lister(client, SLICES),
+            selectors={"field_selector": f"spec.driver={driver},spec.nodeName={node_name}"},
+            on_change=self._wake,
+            watch_timeout_s=watch_timeout_s,
+            backoff_base=backoff_base,
+            backoff_max=backoff_max,
+            rng=self.rng,
+        )
+
+    def stop(self, timeout: float = 5.0) -> None:
+        super().stop(timeout)
+        self.view.stop()
 
     # -- desired state -------------------------------------------------------------------
 
@@ -184,10 +215,12 @@ class SlicePublisher(ResyncLoop):
     # -- one reconcile -------------------------------------------------------------------
 
     def reconcile(self) -> ReconcileResult:
-        """List, diff, write; retries conflicts. Raises :class:`PublishError` otherwise."""
+        """Diff the watched slices against the desired pool, write; retries conflicts.
+        Raises :class:`PublishError` otherwise (also while the watch is broken)."""
         chunks = self.desired_chunks()
         if chunks is None:
             raise RuntimeError("reconcile before set_devices")
+        self._wait_view()
         result = self._retry_conflicts(lambda: self._reconcile(chunks), "reconcile")
         self.generation = result.generation
         return result
@@ -217,14 +250,30 @@ class SlicePublisher(ResyncLoop):
             self.on_write(write, None, True)
         return result
 
+    def _wait_view(self) -> None:
+        """Start the watch if need be, and wait (bounded) for its first LIST."""
+        view = self.view.start()
+        deadline = time.monotonic() + self.sync_timeout_s
+        while not view.wait_synced(0.05):
+            # A failed LIST says why at once (the informer retries it with its backoff).
+            if view.last_error or time.monotonic() > deadline or self._stop.is_set():
+                why = view.last_error or "no answer yet"
+                raise PublishError("list slices", ApiFailure(None, None, why))
+        if not view.healthy:
+            why = view.last_error or "reconnecting"
+            raise PublishError("watch slices", ApiFailure(None, None, why))
+
     def _index(self, obj: Mapping[str, Any]) -> int | None:
         m = self._name_re.match(str((obj.get("metadata") or {}).get("name", "")))
         return int(m.group(1), 16) if m else None
 
     def _reconcile(self, chunks: list[list[Device]]) -> ReconcileResult:
-        selector = f"spec.driver={self.driver},spec.nodeName={self.node_name}"
-        listed = self._call("list slices", "GET", SLICES, query=[("fieldSelector", selector)])
-        items: list[dict[str, Any]] = listed.get("items") or []
+        items = [
+            s
+            for s in self.view.objects()
+            if (s.get("spec") or {}).get("driver") == self.driver
+            and (s.get("spec") or {}).get("nodeName") == self.node_name
+        ]
         count = len(chunks)
         owner = self._owner(refresh=False)
 
@@ -339,7 +388,9 @@ class SlicePublisher(ResyncLoop):
             },
             "spec": self._spec(devices, count, generation),
         }
-        self._check_echo(devices, self._call("create slice", "POST", SLICES, body))
+        stored = self._call("create slice", "POST", SLICES, body)
+        self.view.wrote(stored)
+        self._check_echo(devices, stored)
 
     def _update(
         self,
@@ -366,7 +417,12 @@ class SlicePublisher(ResyncLoop):
             "metadata": new_meta,
             "spec": self._spec(devices, count, generation),
         }
-        stored = self._call("update slice", "PUT", f"{SLICES}/{quote(meta['name'])}", body)
+        try:
+            stored = self._call("update slice", "PUT", f"{SLICES}/{quote(meta['name'])}", body)
+        except Restart:
+            self.view.wait_newer(existing, self.conflict_wait_s)
+            raise
+        self.view.wrote(stored)
         self._check_echo(devices, stored)
 
     def _delete(self, existing: Mapping[str, Any]) -> None:
@@ -375,9 +431,13 @@ class SlicePublisher(ResyncLoop):
         body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": pre}
         try:
             self._call("delete slice", "DELETE", f"{SLICES}/{quote(meta['name'])}", body)
+        except Restart:
+            self.view.wait_newer(dict(existing), self.conflict_wait_s)
+            raise
         except PublishError as exc:
             if not exc.failure.not_found:
                 raise
+        self.view.deleted(dict(existing))
 
     # -- the loop (driver/resync_loop.py) -----------------------------------------------
 

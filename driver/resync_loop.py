@@ -32,6 +32,10 @@ if TYPE_CHECKING:
 
 MAX_CONFLICT_RETRIES = 5
 
+#: Seconds a Node UID just read counts as current: a write that wants it re-read (the
+#: Node may have been re-created) within that time uses it (a first start reads it once).
+NODE_FRESH_S = 5.0
+
 T = TypeVar("T")
 
 
@@ -74,7 +78,9 @@ class ResyncLoop(ABC):
         self.rng = rng or random.Random()
         self._cond = threading.Condition()
         self._dirty = False
+        self._kick = False
         self._node_uid: str | None = None
+        self._node_read_at = time.monotonic()
         self.reconciles = 0
         self.synced = False
         """The last reconcile left the API server equal to the desired state."""
@@ -113,6 +119,16 @@ class ResyncLoop(ABC):
         self.synced = False
         self._cond.notify_all()
 
+    def _wake(self, recovered: bool = False) -> None:
+        """What the server holds may have changed (a watch event): compare again soon,
+        without saying the desired state changed. ``recovered``: the API server answers
+        again after a failure, which also ends a backoff (one more attempt; the backoff
+        keeps growing if that fails too)."""
+        with self._cond:
+            self._dirty = True
+            self._kick = self._kick or recovered
+            self._cond.notify_all()
+
     def _retry_conflicts(self, attempt: Callable[[], T], what: str) -> T:
         """``attempt()`` until it does not raise :class:`Restart`; counts the reconcile."""
         for _attempt in range(MAX_CONFLICT_RETRIES):
@@ -131,7 +147,8 @@ class ResyncLoop(ABC):
 
     def _owner(self, refresh: bool) -> dict[str, Any]:
         """The controller owner reference to the Node (its UID read once, or again)."""
-        if self._node_uid is None or refresh:
+        stale = time.monotonic() - self._node_read_at > NODE_FRESH_S
+        if self._node_uid is None or (refresh and stale):
             try:
                 node = self._get_node()
             except NodeNotFound as exc:
@@ -139,6 +156,7 @@ class ResyncLoop(ABC):
             except Exception as exc:
                 raise self.error_type("get node", ApiFailure(None, None, str(exc))) from exc
             self._node_uid = node["metadata"]["uid"]
+            self._node_read_at = time.monotonic()
         return {
             "apiVersion": "v1",
             "kind": "Node",
@@ -163,6 +181,7 @@ class ResyncLoop(ABC):
         while not stop.is_set():
             with self._cond:
                 self._dirty = False
+                self._kick = False
             delay = self.resync_seconds
             if self._has_desired():
                 try:
@@ -191,7 +210,7 @@ class ResyncLoop(ABC):
     def _wait(self, stop: threading.Event, seconds: float, wake_on_change: bool) -> None:
         deadline = time.monotonic() + seconds
         with self._cond:
-            while not (self._dirty and wake_on_change) and not stop.is_set():
+            while not (self._dirty and wake_on_change) and not self._kick and not stop.is_set():
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return

@@ -569,7 +569,8 @@ def scorer_sources() -> Iterator[Path]:
 def api_calls(sources: Iterator[Path] | None = None) -> set[tuple[str, str, str]]:
     """(group, resource, verb) of every Kubernetes API call in the driver's code: typed
     client methods (``list_resource_slice``), watches over them (streamed, or handed to an
-    ``Informer``, which lists and watches), and raw
+    ``Informer``, which lists and watches), ``collection_lister(client, PATH)`` (list and
+    watch of PATH), and raw
     ``request_json(client, "GET", "/api/v1/nodes/...")`` calls."""
     found: set[tuple[str, str, str]] = set()
     for path in driver_sources() if sources is None else sources:
@@ -615,6 +616,15 @@ def api_calls(sources: Iterator[Path] | None = None) -> set[tuple[str, str, str]
             callee = node.func.attr if isinstance(node.func, ast.Attribute) else None
             if isinstance(node.func, ast.Name):
                 callee = node.func.id
+            if callee == "collection_lister" and len(node.args) == 2:
+                # driver/kube.py's list call of a collection, handed to an Informer: it
+                # lists, then watches.
+                text = _resolve(ast.unparse(node.args[1]), assigned)
+                m3 = re.search(r"/(?:api/v1|apis/([a-z0-9.]+)/v1)/([a-z]+)$", text)
+                assert m3 is not None, f"{path}: unrecognised collection {text}"
+                found.add((m3[1] or "", m3[2], "list"))
+                found.add((m3[1] or "", m3[2], "watch"))
+                continue
             if callee in wrappers:
                 at_method, at_path = wrappers[callee]
                 if len(node.args) <= at_path:

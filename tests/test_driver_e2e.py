@@ -158,11 +158,20 @@ def test_runs_as_the_kubelet_sees_it(api: KubeAPIServer, driver: Driver) -> None
     assert status == 200 and dot.startswith(b"digraph"), (status, dot[:200])
     assert b"GPU0" in dot
 
-    # Steady state: no writes while resyncs (every 0.5 s) run.
+    # Steady state: no writes, and no reads either, while resyncs (every 0.5 s) run: the
+    # publisher compares against its watch of the slices.
     api.reset_counters()
+    sent = driver.http("/metrics")[1].decode()
     time.sleep(2.0)
     assert api.writes() == 0
-    assert api.count("list", "resourceslices") >= 2
+    assert api.count("list") == api.count("get") == 0
+    # The driver's own count of its requests says the same, and names what it did send.
+    assert 'toposlice_api_requests_total{resource="resourceslices",verb="list"} 1.0' in sent
+    assert 'toposlice_api_requests_total{resource="nodes",verb="get"} 1.0' in sent
+    again = driver.http("/metrics")[1].decode()
+    assert [ln for ln in again.splitlines() if ln.startswith("toposlice_api_requests_total")] == [
+        ln for ln in sent.splitlines() if ln.startswith("toposlice_api_requests_total")
+    ]
 
     # A slice deleted behind its back comes back (well within 30 s).
     api.store.delete("resourceslices", "", slices[0]["metadata"]["name"])
