@@ -136,10 +136,23 @@ class ServerView:
     # -- our writes ----------------------------------------------------------------------
 
     def wrote(self, obj: Any) -> None:
-        """The server's answer to our create or update."""
+        """The server's answer to our create or update. Not kept when the watch has
+        already passed its resourceVersion: it delivered the write (and whatever came
+        after, a deletion included) before the answer reached us, and layering the answer
+        now would hide that deletion until ``ttl_s``."""
         if isinstance(obj, dict) and (obj.get("metadata") or {}).get("name"):
+            rv = rv_int(obj)
             with self._cond:
-                self._written[object_key(obj)] = (self.clock() + self.ttl_s, obj, rv_int(obj))
+                if 0 <= rv <= self._watched_rv():
+                    return
+                self._written[object_key(obj)] = (self.clock() + self.ttl_s, obj, rv)
+
+    def _watched_rv(self) -> int:
+        """The resourceVersion the informer has delivered up to (-1: none yet)."""
+        try:
+            return int(str(self.informer.resource_version))
+        except ValueError:
+            return -1
 
     def deleted(self, obj: Obj) -> None:
         """We deleted ``obj`` (or found it gone): hide the watch's copy until it says so."""
