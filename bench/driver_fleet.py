@@ -48,7 +48,6 @@ if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
 import argparse
 import contextlib
 import datetime
-import fcntl
 import json
 import os
 import re
@@ -57,7 +56,7 @@ import subprocess
 import tempfile
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -68,11 +67,11 @@ if str(REPO) not in sys.path:
 
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
+from bench.cluster_scale import heavy_lock  # noqa: E402
 from tests.e2e.cluster import SKIP_REASON, Cluster, find_assets, poll  # noqa: E402
 from tests.e2e.toposlice_setup import NAMESPACE, SERVICE_ACCOUNT, NodeDriver, install  # noqa: E402
 
 MACHINES = ("dgx-h100", "pcie-8gpu")
-HEAVY_LOCK = "/tmp/toposlice-heavy.lock"
 NODE_EXTRA = "authentication.kubernetes.io/node-name"
 WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})
 #: Targets of issue #22: per driver per minute in steady state; per driver per resource
@@ -88,16 +87,6 @@ rules:
     users: ["system:serviceaccount:{NAMESPACE}:{SERVICE_ACCOUNT}"]
   - level: None
 """
-
-
-@contextlib.contextmanager
-def heavy_lock() -> Iterator[None]:
-    with open(HEAVY_LOCK, "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 class FleetDriver(NodeDriver):
