@@ -90,6 +90,9 @@ CLAIM_SHAPES: dict[str, tuple[str, ...]] = {
     "claim --gpus 2 --nics-per-gpu 1 --cpu-groups 1": (
         *("--gpus", "2", "--nics-per-gpu", "1", "--cpu-groups", "1"),
     ),
+    "claim --gpus 2 --nics-per-gpu 1 --pattern tensor-parallel": (
+        *("--gpus", "2", "--nics-per-gpu", "1", "--pattern", "tensor-parallel"),
+    ),
 }
 #: Busy GPUs per node at the 90 % fill, with their share of nodes: most nodes full,
 #: some with one or two GPUs free (where paired claims fail after a search), a few

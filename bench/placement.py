@@ -574,7 +574,7 @@ def run_mixed(
     ``careful`` (``careful_claims`` in order, each on the nodes in random order) and
     ``plain`` (plain counts, nodes in random order). With ``trace``, one
     ``(job id, GPUs, node or None, busbw or None)`` per job is appended to it."""
-    from scorer.ladder import ladder_spec, prioritized_score
+    from scorer.ladder import ladder_spec, prioritized_score, wants_scaleup
 
     topos = [n.topo for n in nodes]
     by_name = {t.name: t for t in topos}
@@ -591,7 +591,8 @@ def run_mixed(
         order = rng.sample(nodes, len(nodes))
         fits = [n for n in order if _enough(n.topo, occ, req)]
         if policy == "ladder":
-            spec = ladder_spec(req.gpus, req.nics_per_gpu)
+            scaleup = wants_scaleup(req.pattern, req.gpus)
+            spec = ladder_spec(req.gpus, req.nics_per_gpu, scaleup=scaleup)
             best: tuple[int, MixedNode, list[str]] | None = None
             for n in fits:
                 got = _allocate_on(n, occ, spec)
@@ -819,7 +820,7 @@ def queue_policy(name: str, nodes: list[MixedNode], rng: random.Random) -> Any:
     claim through the allocator model (ladder, careful, plain: nodes in random order;
     first-fit: plain counts, nodes in cluster order)."""
     from bench.queue_sim import Decision, SimJob, View, scorer_decision
-    from scorer.ladder import ladder_spec, prioritized_score
+    from scorer.ladder import ladder_spec, prioritized_score, wants_scaleup
 
     def claims(job: SimJob, view: View) -> Decision:
         req, occ = job.req, view.occ
@@ -827,10 +828,11 @@ def queue_policy(name: str, nodes: list[MixedNode], rng: random.Random) -> Any:
         fits = [n for n in order if _enough(n.topo, occ, req)]
         shape = (req.gpus, req.nics_per_gpu)
         if name == "ladder":
-            spec = ladder_spec(req.gpus, req.nics_per_gpu)
+            scaleup = wants_scaleup(req.pattern, req.gpus)
+            spec = ladder_spec(req.gpus, req.nics_per_gpu, scaleup=scaleup)
             best: tuple[int, MixedNode, list[str]] | None = None
             for n in fits:
-                got = _CLAIMS.allocate(n, occ, ("ladder", *shape), spec)
+                got = _CLAIMS.allocate(n, occ, ("ladder", scaleup, *shape), spec)
                 if got is not None:
                     score = prioritized_score(spec, got[1])
                     if best is None or score > best[0]:

@@ -17,14 +17,21 @@ or never (a second NVLink or hive rung, ``pcieSwitch`` for 4+ GPUs) paid that sc
 every node of the other kinds; they are gone, and each GPU's NIC is paired by the one
 attribute that names it on every machine, ``toposlice.dev/nicAffinity``.
 
+One rung is opt-in: ``scaleup`` (a GPU in an NVLink domain or an xGMI hive) goes first for
+a workload that runs at least twice as long with its GPUs on PCIe (:func:`wants_scaleup`,
+from the run-time model; ``toposlice claim --pattern``). Only the NVSwitch, GB200 and MI300X
+boards' GPUs match it, so they rank above PCIe boxes for the scheduler; every other node
+pays one scan for it, which is why a ladder without a stated workload does not carry it.
+
 Without NICs, one request ``gpus`` with ``count`` N in every rung:
 
-====== ==============================================================
-rung   the N GPUs share
-====== ==============================================================
-numa   ``resource.kubernetes.io/numaNode`` (one socket; N > 1 only)
-any    nothing (plain count)
-====== ==============================================================
+======== ==============================================================
+rung     the N GPUs share
+======== ==============================================================
+scaleup  a scale-up domain (opt-in, above)
+numa     ``resource.kubernetes.io/numaNode`` (one socket; N > 1 only)
+any      nothing (plain count)
+======== ==============================================================
 
 With NICs, one request ``gpu-i`` and one ``nic-i`` per GPU (``nic-i``: sub-requests
 ``paired`` then ``unpaired``, ``nicsPerGpu`` NICs each), in the order ``gpu-0``, ``nic-0``,
@@ -35,9 +42,11 @@ request  rungs
 ======== ================================================================================
 gpu-0    none: one plain GPU (the gate), ``nic-0/paired`` behind the same PCIe root
          (``pcieRoot``)
-gpu-i    ``paired``: with ``nic-i/paired`` in its own closest-NIC group (``nicAffinity``
-         equal), off gpu-0's root, the paired GPUs in distinct groups
-         (``distinctAttribute``); ``any``: anything, with ``nic-i/unpaired``
+gpu-i    ``scaleup`` (opt-in): ``paired`` on a GPU in a scale-up domain, named in every
+         constraint ``paired`` is; ``paired``: with ``nic-i/paired`` in its own
+         closest-NIC group (``nicAffinity`` equal), off gpu-0's root, the paired GPUs in
+         distinct groups (``distinctAttribute``); ``any``: anything, with
+         ``nic-i/unpaired``
 ======== ================================================================================
 
 The gate is what a full cluster needs: a request with rungs fails on a node without a free
@@ -72,6 +81,8 @@ from typing import Any
 
 from normalize.deviceclasses import device_class_name
 
+from .slowdown import PROFILES, stretch
+
 STD = "resource.kubernetes.io"
 PCIE_ROOT = f"{STD}/pcieRoot"
 NUMA_NODE = f"{STD}/numaNode"
@@ -82,6 +93,17 @@ MAX_CONSTRAINTS = 32
 MAX_CONSTRAINT_REFS = 32
 
 NIC_AFFINITY = "nicAffinity"
+NVLINK_DOMAIN = "nvlinkDomain"
+XGMI_HIVE = "xgmiHive"
+#: Bus bandwidth of a GPU pair without and with a scale-up fabric: NCCL AllReduce across
+#: PCIe GPUs on a two-socket server, 28 GB/s (nccl#1639), and the ring figure on an H100
+#: NVSwitch board, ~370 GB/s (nccl-tests#212); placement-models.md §2.4.
+PCIE_PAIR_GBPS = 28.0
+NVLINK_PAIR_GBPS = 370.0
+#: The run-time factor on PCIe from which a ladder asks for NVLink / xGMI first: met by
+#: tensor-parallel (3.8), data-parallel (2.7), inference-decode (2.6) and -prefill (2.1),
+#: not by pipeline-parallel (1.6) or independent work (1.0).
+SCALEUP_STRETCH = 2.0
 #: Rungs of the count ladder (no NICs), with the attribute its GPUs share.
 SET_RUNGS: tuple[tuple[str, str | None], ...] = (("numa", NUMA_NODE), ("any", None))
 #: Rungs of each ``gpu-i`` of the paired ladder.
@@ -126,6 +148,24 @@ def pin_expression(bus_ids: Sequence[str]) -> str:
     return f'device.attributes["{STD}"].pciBusID in {json.dumps(sorted(bus_ids))}'
 
 
+def scaleup_expression(driver: str = "toposlice.dev") -> str:
+    """CEL: the GPU is in a scale-up domain: NVLink (NVSwitch boards, GB200 trays, bridged
+    groups) or an AMD xGMI hive."""
+    attrs = f'device.attributes["{driver}"]'
+    return f'"{NVLINK_DOMAIN}" in {attrs} || "{XGMI_HIVE}" in {attrs}'
+
+
+def wants_scaleup(pattern: str, gpus: int) -> bool:
+    """Whether a ladder for this workload gets the ``scaleup`` rung: by the run-time model
+    (scorer/slowdown.py), a pair of its GPUs on PCIe (``PCIE_PAIR_GBPS``) instead of
+    NVLink (``NVLINK_PAIR_GBPS``) runs at least ``SCALEUP_STRETCH`` times as long. The rung
+    is a scan of the devices of every node without a scale-up fabric, so it is not spent on
+    patterns that barely communicate (pipeline-parallel, independent)."""
+    if pattern not in PROFILES or gpus < 2:
+        return False
+    return stretch(pattern, gpus, PCIE_PAIR_GBPS, NVLINK_PAIR_GBPS) >= SCALEUP_STRETCH
+
+
 def ladder_spec(
     gpus: int,
     nics_per_gpu: int = 0,
@@ -133,9 +173,11 @@ def ladder_spec(
     gpu_selectors: Sequence[str] = (),
     cpu_groups: int = 0,
     chosen: Chosen | None = None,
+    scaleup: bool = False,
 ) -> dict[str, Any]:
     """The ResourceClaimSpec of a ladder for ``gpus`` GPUs with ``nics_per_gpu`` NICs each
-    (and ``cpu_groups`` CPU-group devices on the first GPU's NUMA node if free)."""
+    (and ``cpu_groups`` CPU-group devices on the first GPU's NUMA node if free); ``scaleup``
+    (:func:`wants_scaleup`) puts a ``scaleup`` rung first for every GPU but the gate."""
     if gpus < 1:
         raise ValueError("a ladder needs at least one GPU")
     if nics_per_gpu < 0 or cpu_groups < 0:
@@ -150,6 +192,8 @@ def ladder_spec(
     numa_refs: list[str] = []
     # Two constraints per pair (three when a chosen pair shares another attribute; one for
     # the gate), two distinctAttribute over the paired GPUs, one for CPUs.
+    nvl = scaleup and gpus > 1
+    nvl_sel = [*gpu_selectors, scaleup_expression(driver)]
     pair_constraints = 2 * gpus + (gpus if chosen else 0) + 1 + (1 if cpu_groups else 0)
     paired = nics_per_gpu > 0 and 2 * gpus + (1 if cpu_groups else 0) <= MAX_REQUESTS
     paired = paired and pair_constraints <= MAX_CONSTRAINTS and "paired" not in drop
@@ -189,8 +233,13 @@ def ladder_spec(
                 numa_refs.append(f"{n}/paired")
                 continue
             subs = []
-            pair_refs: dict[str, list[str]] = {affinity: [f"{g}/paired"]}
-            forbid = [f"{g}/paired"]
+            # With ``scaleup``, the rung above `paired` is `paired` on a GPU in a
+            # scale-up domain: the same constraints (it is named wherever `paired` is), so
+            # a node with NVLink or xGMI ranks above one without (prioritized_score) and
+            # pairs as well.
+            rungs = [f"{g}/scaleup", f"{g}/paired"] if nvl else [f"{g}/paired"]
+            pair_refs: dict[str, list[str]] = {affinity: list(rungs)}
+            forbid = list(rungs)
             if chosen:
                 pin = pin_expression([chosen.gpu_bus_ids[i]])
                 subs.append(_sub("chosen", gcls, 1, [*gpu_selectors, pin]))
@@ -198,10 +247,12 @@ def ladder_spec(
                 if attr:
                     pair_refs.setdefault(attr, []).append(f"{g}/chosen")
                     forbid.append(f"{g}/chosen")
+            if nvl:
+                subs.append(_sub("scaleup", gcls, 1, nvl_sel))
             subs += [_sub(rung, gcls, 1, gpu_selectors) for rung in PAIR_RUNGS]
-            paired_gpus.append(f"{g}/paired")
+            paired_gpus += rungs
             if i == 0:
-                numa_refs.append(f"{g}/paired")
+                numa_refs += rungs
             requests.append({"name": g, "firstAvailable": subs})
             for attr, refs in pair_refs.items():
                 constraints.append({"requests": [*refs, *nrefs], "matchAttribute": attr})
@@ -210,7 +261,7 @@ def ladder_spec(
             kind = qualified(driver, "type")
             constraints.append({"requests": [*forbid, f"{n}/unpaired"], "matchAttribute": kind})
         requests += nic_requests
-        if len(paired_gpus) > 1:  # each paired GPU in a group of its own: prunes early
+        if len(paired_gpus) > (2 if nvl else 1):  # each paired GPU in a group of its own
             constraints.append({"requests": paired_gpus, "distinctAttribute": affinity})
         if gate and paired_gpus:
             refs = [gate, *paired_gpus]
@@ -221,6 +272,8 @@ def ladder_spec(
             subs.append(
                 _sub("chosen", gcls, gpus, [*gpu_selectors, pin_expression(chosen.gpu_bus_ids)])
             )
+        if nvl and "scaleup" not in drop:
+            subs.append(_sub("scaleup", gcls, gpus, nvl_sel))
         for rung, attr in SET_RUNGS:
             if rung in drop or (attr is not None and gpus == 1):
                 continue  # one GPU: a set constraint would only demand the attribute

@@ -17,7 +17,13 @@ from kubernetes_validate.utils import latest_version
 from normalize.deviceclasses import device_classes
 from scorer.allocator import Allocator
 from scorer.claim import claim_spec_for, ladder_spec_for
-from scorer.ladder import MAX_SUBREQUESTS, ladder_spec, prioritized_score, rung_of
+from scorer.ladder import (
+    MAX_SUBREQUESTS,
+    ladder_spec,
+    prioritized_score,
+    rung_of,
+    wants_scaleup,
+)
 from scorer.request import Occupancy, Request
 from scorer.search import place
 from tests.scorer_support import machine
@@ -46,9 +52,10 @@ def _attr(name: str, device: str, key: str) -> Any:
 
 @pytest.mark.parametrize("nics", [0, 1, 2])
 @pytest.mark.parametrize("cpus", [0, 1])
-def test_ladders_stay_within_the_api_limits(nics: int, cpus: int) -> None:
+@pytest.mark.parametrize("scaleup", [False, True])
+def test_ladders_stay_within_the_api_limits(nics: int, cpus: int, scaleup: bool) -> None:
     for gpus in range(1, 21):
-        spec = ladder_spec(gpus, nics, DRIVER, cpu_groups=cpus)["devices"]
+        spec = ladder_spec(gpus, nics, DRIVER, cpu_groups=cpus, scaleup=scaleup)["devices"]
         requests = spec["requests"]
         assert len(requests) <= 32
         names = {r["name"] for r in requests}
@@ -160,6 +167,73 @@ def test_ladder_still_allocates_where_no_nic_is_close() -> None:
     got = _alloc("gb200-nvl72-tray").allocate(ladder_spec(2, 1, DRIVER))
     assert got is not None
     assert sorted(set(rung_of([r.request for r in got]).values())) == ["any", "unpaired"]
+
+
+def _ranked(name: str, spec: dict[str, Any]) -> tuple[dict[str, str], int]:
+    got = _alloc(name).allocate(spec)
+    assert got is not None, name
+    requests = [r.request for r in got]
+    return rung_of(requests), prioritized_score(spec, requests)
+
+
+def test_scaleup_rung_ranks_nvlink_and_xgmi_boards_first() -> None:
+    """Without the rung a DGX and a PCIe box pair GPUs with NICs alike, so the scheduler's
+    prioritized-list score ties and a tensor-parallel pair lands on PCIe half the time;
+    with it the NVSwitch board and the xGMI hive rank first and still pair each GPU with
+    its own NIC."""
+    plain = ladder_spec(2, 1, DRIVER)
+    assert _ranked("dgx-h100", plain)[1] == _ranked("pcie-8gpu", plain)[1]
+    spec = ladder_spec(2, 1, DRIVER, scaleup=True)
+    dgx, dgx_score = _ranked("dgx-h100", spec)
+    pcie, pcie_score = _ranked("pcie-8gpu", spec)
+    mi, mi_score = _ranked("mi300x-8", spec)
+    assert dgx == {"nic-0": "paired", "gpu-1": "scaleup", "nic-1": "paired"}
+    assert pcie == {"nic-0": "paired", "gpu-1": "paired", "nic-1": "paired"}
+    assert mi["gpu-1"] == "scaleup"
+    assert dgx_score > pcie_score
+    # MI300X's gate takes its NIC unpaired (none shares a GPU's root): the hive lifts it
+    # to a tie with the PCIe box, from below it.
+    assert _ranked("mi300x-8", plain)[1] < _ranked("pcie-8gpu", plain)[1]
+    assert mi_score >= pcie_score
+    got = _alloc("dgx-h100").allocate(spec)
+    assert got is not None
+    devs = {r.request.split("/")[0]: r.device for r in got}
+    aff = "nicAffinity"
+    assert _attr("dgx-h100", devs["gpu-1"], aff) == _attr("dgx-h100", devs["nic-1"], aff)
+    # The count ladder (no NICs): the whole set in the scale-up domain, else one socket.
+    count = ladder_spec(4, 0, DRIVER, scaleup=True)
+    assert _ranked("dgx-h100", count)[0] == {"gpus": "scaleup"}
+    assert _ranked("pcie-8gpu", count)[0] == {"gpus": "numa"}
+
+
+def test_scaleup_only_where_the_run_time_model_gains() -> None:
+    for pattern in ("tensor-parallel", "data-parallel", "inference-decode"):
+        assert wants_scaleup(pattern, 2)
+        assert not wants_scaleup(pattern, 1)  # one GPU has no in-node collective
+    assert not wants_scaleup("pipeline-parallel", 4)
+    assert not wants_scaleup("independent", 8)
+    assert not wants_scaleup("no-such-pattern", 2)
+
+
+def test_claim_pattern_adds_the_scaleup_rung(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def gpu1(args: list[str]) -> list[str]:
+        assert main(["claim", "--gpus", "2", "--nics-per-gpu", "1", "-o", "json", *args]) == 0
+        spec = json.loads(capsys.readouterr().out)["items"][0]["spec"]["spec"]
+        (req,) = [r for r in spec["devices"]["requests"] if r["name"] == "gpu-1"]
+        return [s["name"] for s in req["firstAvailable"]]
+
+    assert gpu1([]) == ["paired", "any"]  # no workload stated: the cheap ladder
+    assert gpu1(["--pattern", "tensor-parallel"]) == ["scaleup", "paired", "any"]
+    assert gpu1(["--pattern", "pipeline-parallel"]) == ["paired", "any"]
+    req = tmp_path / "req.yaml"
+    req.write_text(yaml.safe_dump({"gpus": 2, "nicsPerGpu": 1, "pattern": "inference-decode"}))
+    assert gpu1(["--request", str(req)]) == ["scaleup", "paired", "any"]
+    assert gpu1(["--request", str(req), "--pattern", "independent"]) == ["paired", "any"]
+    with pytest.raises(SystemExit):
+        main(["claim", "--gpus", "2", "--pattern", "tensor"])
+    assert "--pattern" in capsys.readouterr().err
 
 
 def test_one_gpu_is_a_plain_count() -> None:

@@ -13,6 +13,7 @@ from toposlice.output import dump
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from driver.flag_types import count
+    from scorer.request import PATTERNS
 
     p.add_argument("--gpus", type=count(1, 64), help="GPUs per pod, 1..64 (or from --request)")
     p.add_argument(
@@ -23,6 +24,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--min-gpu-memory", default=None, metavar="QUANTITY", help="GPU memory at least (40Gi)"
+    )
+    p.add_argument(
+        "--pattern",
+        choices=PATTERNS,
+        default=None,
+        help="the workload's communication pattern (or from --request): one that runs at least "
+        "twice as long on PCIe as on NVLink (all but pipeline-parallel and independent) puts "
+        "a scale-up (NVLink / xGMI) rung first; without it no such rung",
     )
     p.add_argument("--request", metavar="REQ.yaml", help="a scorer request file to read from")
     p.add_argument("--name", default=None, help="template name (default: request name)")
@@ -48,7 +57,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def build(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     """(template name, ResourceClaimSpec) from the arguments; ValueError on bad input."""
     from scorer.claim import gpu_selectors
-    from scorer.ladder import ladder_spec
+    from scorer.ladder import ladder_spec, wants_scaleup
     from scorer.request import Request, load_request, parse_quantity
 
     req = load_request(args.request) if args.request else None
@@ -75,7 +84,11 @@ def build(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
         gpu_attributes=dict(base.gpu_attributes),
     )
     selectors = gpu_selectors(sel_req, args.driver)
-    spec = ladder_spec(gpus, nics, args.driver, selectors, args.cpu_groups)
+    # The scale-up rung costs the scheduler a device scan on every node without NVLink
+    # or xGMI, so it is spent only where the workload is stated and gains from it.
+    pattern = args.pattern or (req.pattern if req else None)
+    scaleup = pattern is not None and wants_scaleup(pattern, gpus)
+    spec = ladder_spec(gpus, nics, args.driver, selectors, args.cpu_groups, scaleup=scaleup)
     name = args.name or (req.name if req else f"gpus-{gpus}" + (f"-nics-{nics}" if nics else ""))
     from toposlice.sources import check_object_name
 
@@ -160,4 +173,7 @@ def _score_request(args: argparse.Namespace, spec: dict[str, Any]) -> Any:
         req = request_from_dict({"gpus": args.gpus}, "--gpus")
     gpus = args.gpus if args.gpus is not None else req.gpus
     nics = args.nics_per_gpu if args.nics_per_gpu is not None else req.nics_per_gpu
-    return dataclasses.replace(req, gpus=gpus, nics_per_gpu=nics, cpus=args.cpu_groups)
+    pattern = args.pattern or req.pattern
+    return dataclasses.replace(
+        req, gpus=gpus, nics_per_gpu=nics, cpus=args.cpu_groups, pattern=pattern
+    )

@@ -154,6 +154,25 @@ def _claims_left(cluster: Cluster) -> list[Any]:
     return [c for c in out["items"] if (c.get("status") or {}).get("allocation")]
 
 
+def test_scaleup_rung_sends_a_tensor_parallel_pair_to_the_nvswitch_board(
+    cluster: Cluster, ladder_node: list[dict[str, Any]]
+) -> None:
+    """Both nodes free: the plain ladder pairs every GPU with its NIC on either, so their
+    scores tie; `toposlice claim --pattern tensor-parallel` adds the `scaleup` rung, which
+    only the DGX's GPUs match, and the scheduler's prioritized-list score sends the pod
+    there, with each GPU still beside its own NIC."""
+    spec = ladder_spec(2, 1, DRIVER, scaleup=True)
+    got = _allocated_on(cluster, "ladder-tp", spec, {"e2e": "ladder"})
+    assert {pool for _, _, pool in got} == {DGX}
+    assert rung_of([r for r, _, _ in got]) == {
+        "nic-0": "paired",
+        "gpu-1": "scaleup",
+        "nic-1": "paired",
+    }
+    cluster.kubectl("-n", NS, "delete", "pod", "ladder-tp", "--force", "--grace-period=0")
+    poll(lambda: not _claims_left(cluster), 60, 0.3, "claims released")
+
+
 def test_ladder_first_rung_then_a_looser_one(
     cluster: Cluster, ladder_node: list[dict[str, Any]]
 ) -> None:
