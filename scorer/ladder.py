@@ -42,8 +42,8 @@ request  rungs
 ======== ================================================================================
 gpu-0    none: one plain GPU (the gate), ``nic-0/paired`` behind the same PCIe root
          (``pcieRoot``)
-gpu-i    ``scaleup`` (opt-in): ``paired`` on a GPU in a scale-up domain, named in every
-         constraint ``paired`` is; ``paired``: with ``nic-i/paired`` in its own
+gpu-i    ``scaleup`` (opt-in, gpu-1 only): ``paired`` on a GPU in a scale-up domain,
+         named in every constraint ``paired`` is; ``paired``: with ``nic-i/paired`` in its own
          closest-NIC group (``nicAffinity`` equal), off gpu-0's root, the paired GPUs in
          distinct groups (``distinctAttribute``); ``any``: anything, with
          ``nic-i/unpaired``
@@ -200,6 +200,7 @@ def ladder_spec(
     if paired:
         nic_requests: list[dict[str, Any]] = []
         paired_gpus: list[str] = []
+        n_paired = 0
         gate = ""
         for i in range(gpus):
             g, n = f"gpu-{i}", f"nic-{i}"
@@ -233,11 +234,13 @@ def ladder_spec(
                 numa_refs.append(f"{n}/paired")
                 continue
             subs = []
-            # With ``scaleup``, the rung above `paired` is `paired` on a GPU in a
-            # scale-up domain: the same constraints (it is named wherever `paired` is), so
-            # a node with NVLink or xGMI ranks above one without (prioritized_score) and
-            # pairs as well.
-            rungs = [f"{g}/scaleup", f"{g}/paired"] if nvl else [f"{g}/paired"]
+            # With ``scaleup``, the first GPU with rungs gets one above `paired`: `paired`
+            # on a GPU in a scale-up domain, named wherever `paired` is, so a node with
+            # NVLink or xGMI ranks above one without (prioritized_score) and pairs as
+            # well. One such rung ranks the node; each more would be one more scan of
+            # every node without the fabric (a sub-request's selector results are its own).
+            up = nvl and not any(r.endswith("/scaleup") for r in paired_gpus)
+            rungs = [f"{g}/scaleup", f"{g}/paired"] if up else [f"{g}/paired"]
             pair_refs: dict[str, list[str]] = {affinity: list(rungs)}
             forbid = list(rungs)
             if chosen:
@@ -247,10 +250,11 @@ def ladder_spec(
                 if attr:
                     pair_refs.setdefault(attr, []).append(f"{g}/chosen")
                     forbid.append(f"{g}/chosen")
-            if nvl:
+            if up:
                 subs.append(_sub("scaleup", gcls, 1, nvl_sel))
             subs += [_sub(rung, gcls, 1, gpu_selectors) for rung in PAIR_RUNGS]
             paired_gpus += rungs
+            n_paired += 1
             if i == 0:
                 numa_refs += rungs
             requests.append({"name": g, "firstAvailable": subs})
@@ -261,7 +265,7 @@ def ladder_spec(
             kind = qualified(driver, "type")
             constraints.append({"requests": [*forbid, f"{n}/unpaired"], "matchAttribute": kind})
         requests += nic_requests
-        if len(paired_gpus) > (2 if nvl else 1):  # each paired GPU in a group of its own
+        if n_paired > 1:  # each paired GPU in a group of its own: prunes early
             constraints.append({"requests": paired_gpus, "distinctAttribute": affinity})
         if gate and paired_gpus:
             refs = [gate, *paired_gpus]
