@@ -28,8 +28,12 @@ allocator nothing; empty, and at bench/cluster_scale.py's 90 % fill mix. It need
 bench/cluster_scale.py measures the same kinds on the real scheduler, and
 docs/performance.md puts the two side by side.
 
+``--cpu-group-at K`` models a different device order: each NUMA node's CPU group moved to
+position K among that node's devices (0: first; toposlice puts it last), to weigh what a
+CPU-aligned claim would gain against what every GPU request passing it would pay.
+
 Usage: python3 bench/allocator_cost.py [--claims old|new|both] [--kinds a,b] [--nodes N]
-  [--extra FILE]
+  [--extra FILE] [--cpu-group-at K]
 """
 
 from __future__ import annotations
@@ -204,10 +208,32 @@ def search_cost(
 Scenario = tuple[str, list[dict[str, Any]], set[str], dict[str, str]]
 
 
-def scenarios() -> list[Scenario]:
+def machine_slices(cpu_group_at: int | None = None) -> dict[str, list[dict[str, Any]]]:
+    """Each machine's slices as toposlice publishes them, or with every NUMA node's CPU
+    group moved to position ``cpu_group_at`` among that node's devices (a device order
+    toposlice does not publish: for --cpu-group-at)."""
+    slices = node_slices([(m, m) for m in MACHINES])
+    if cpu_group_at is None:
+        return slices
+    for sl in slices.values():
+        for s in sl:
+            out: list[dict[str, Any]] = []
+            group: list[dict[str, Any]] = []
+            for d in s["spec"]["devices"]:
+                if d["attributes"].get("type", {}).get("string") == "cpu":
+                    group.insert(min(cpu_group_at, len(group)), d)  # closes its node's run
+                    out += group
+                    group = []
+                else:
+                    group.append(d)
+            s["spec"]["devices"] = out + group
+    return slices
+
+
+def scenarios(cpu_group_at: int | None = None) -> list[Scenario]:
     """(label, slices, devices in use, node labels): each machine free, then with 2 and 1
     GPUs free (the 90 %-full cluster's partly free nodes), the free ones drawn at random."""
-    slices = node_slices([(m, m) for m in MACHINES])
+    slices = machine_slices(cpu_group_at)
     rng = random.Random(22)
     out: list[Scenario] = []
     for m in MACHINES:
@@ -241,11 +267,13 @@ def nodes_to_find(n: int) -> int:
 NodeState = tuple[float, list[dict[str, Any]], set[str], dict[str, str]]
 
 
-def node_states(fill_pct: int, samples: int = 4) -> list[NodeState]:
+def node_states(
+    fill_pct: int, samples: int = 4, cpu_group_at: int | None = None
+) -> list[NodeState]:
     """(share of the cluster's nodes, slices, devices in use, node labels) for
     bench/cluster_scale.py's fill: each machine half the nodes, busy GPUs per FILL_MIX at
     90 % (drawn at random, ``samples`` draws per state), none at 0 %."""
-    slices = node_slices([(m, m) for m in MACHINES])
+    slices = machine_slices(cpu_group_at)
     rng = random.Random(22)
     out: list[NodeState] = []
     for m in MACHINES:
@@ -295,6 +323,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument(
         "--extra", default=None, metavar="FILE", help="more kinds: JSON {name: claim spec}"
     )
+    ap.add_argument(
+        "--cpu-group-at",
+        type=int,
+        default=None,
+        metavar="K",
+        help="model each NUMA node's CPU group at position K of its node's devices",
+    )
     args = ap.parse_args(argv)
     classes = {c["metadata"]["name"]: c for c in device_classes(DRIVER)}
     sets = []
@@ -316,7 +351,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.kinds:
         extra = dict(sets).get("extra", {})
         kinds = [k for k in kinds if k in args.kinds.split(",") or k in extra]
-    scen = scenarios()
+    scen = scenarios(args.cpu_group_at)
     print(
         "cel evaluations / constraint tries per node (x = cannot allocate; > = over the cap; "
         "- = the pod's node affinity refuses the node)"
@@ -346,7 +381,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     fills = (0, 90)
     print(f"{'claim':<48} {'set':<5} " + " ".join(f"{f'fill {f}%':>30}" for f in fills))
-    states = {f: node_states(f) for f in fills}
+    states = {f: node_states(f, cpu_group_at=args.cpu_group_at) for f in fills}
     for g in sorted({size(k) for k in kinds}):
         rows = [(f"plain {g}", "plain", plain_spec(g))]
         rows += [
