@@ -32,7 +32,8 @@ cluster with the scheduler restarted at its default client rate limits.
 
 A kind whose pods do not all bind within --run-timeout seconds (or with no bind for
 --stall seconds: the cluster is full for it) is reported from the pods that bound. The
-run takes /tmp/toposlice-heavy.lock (flock) for its whole length.
+run takes /tmp/toposlice-heavy.lock (flock) for its whole length (under `flock` on the same
+file it uses the descriptor it inherits).
 
 Usage: python3 bench/cluster_scale.py --nodes 1000 [--claims both] [--pods 100]
   [--pods-full 50] [--fill 0,90] [--kinds a,b] [--default-limits] [--json FILE]
@@ -730,13 +731,37 @@ def kinds_to_run(plan: Plan) -> list[Kind]:
 
 
 @contextlib.contextmanager
-def heavy_lock() -> Iterator[None]:
-    with open(HEAVY_LOCK, "a") as fh:
+def heavy_lock(path: str = HEAVY_LOCK) -> Iterator[None]:
+    """Hold ``path`` (flock) for the block. Run as ``flock FILE python3 bench/...``, the
+    process inherits flock(1)'s descriptor, whose open file holds the lock: locking a new
+    descriptor of the same file would wait for that lock forever, so the inherited one is
+    used (locking it again returns at once) and left to flock(1) to release."""
+    inherited = _inherited_fd(path)
+    if inherited is not None:
+        fcntl.flock(inherited, fcntl.LOCK_EX)
+        yield
+        return
+    with open(path, "a") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:
             yield
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _inherited_fd(path: str) -> int | None:
+    """A descriptor of this process already open on ``path`` (Linux: /proc/self/fd)."""
+    try:
+        want = os.stat(path)
+        fds = os.listdir("/proc/self/fd")
+    except OSError:
+        return None
+    for name in fds:
+        with contextlib.suppress(OSError, ValueError):
+            st = os.fstat(int(name))
+            if (st.st_dev, st.st_ino) == (want.st_dev, want.st_ino):
+                return int(name)
+    return None
 
 
 def start_cluster(dir: Path, raised: bool = True) -> Cluster:
