@@ -1,7 +1,8 @@
 """bench/allocator_cost.py's per-pod model honours a pod's node affinity the way
 kube-scheduler does: NodeAffinity runs before DynamicResources, so a node it refuses costs
 the allocator nothing and is not one DynamicResources filtered, while the scheduler still
-needs as many feasible nodes as before (docs/performance.md quotes these figures)."""
+needs as many feasible nodes as before (docs/performance.md quotes these figures); and
+bench/cluster_scale.py measures a kind whose pod affinity changed as old and new."""
 
 from __future__ import annotations
 
@@ -58,3 +59,28 @@ def test_an_affinity_every_node_passes_changes_nothing(
     assert ac.pod_cost(spec, empty, classes, 1000, anything) == ac.pod_cost(
         spec, empty, classes, 1000
     )
+
+
+def test_a_kind_whose_affinity_changed_runs_old_and_new(tmp_path: Any) -> None:
+    """The frozen copy has no affinities: a kind whose claim is the same but whose pod now
+    carries one is measured twice (without and with it), an unchanged kind once; and a
+    copy frozen now keeps the affinities."""
+    plan = cs.Plan(
+        nodes=10,
+        claims="both",
+        pods=1,
+        pods_full=1,
+        fills=[0],
+        kinds=["gpus-nvlink-domain", "gpus-cpu-same-numa"],
+        run_timeout=1,
+        stall=1,
+        default_limits=False,
+    )
+    runs = {(k, c): aff for k, c, _, aff in cs.kinds_to_run(plan)}
+    assert runs[("gpus-nvlink-domain", "old")] is None
+    assert runs[("gpus-nvlink-domain", "new")] == cs.example_affinities()["gpus-nvlink-domain"]
+    assert ("gpus-cpu-same-numa", "same") in runs
+    frozen = tmp_path / "old.json"
+    cs.freeze(frozen, "test")
+    assert cs.old_affinities(frozen) == cs.example_affinities()
+    assert cs.old_claims(frozen) == cs.new_claims()
