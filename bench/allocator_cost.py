@@ -17,16 +17,23 @@ device. This script repeats that search move for move and counts:
 
 per claim kind, on a free dgx-h100 and pcie-8gpu node and on nodes with 1 or 2 GPUs
 free, for the claims this tree writes and the frozen ones from
-bench/data/cluster_scale_old_claims.json. A second table puts that per pod on an N-node
+bench/data/cluster_scale_old_claims.json (``-``: the kind's pod node affinity refuses the
+node, so DynamicResources never runs there). A second table puts that per pod on an N-node
 cluster (half dgx-h100, half pcie-8gpu) as kube-scheduler spends it: nodes are filtered
 until its default adaptive percentageOfNodesToScore found enough feasible ones (420 of
 1,000; all of them when fewer fit), so a kind that fits half the nodes filters twice as
-many; empty, and at bench/cluster_scale.py's 90 % fill mix. It needs no cluster;
+many; a node the pod's node affinity refuses (the labels NFD gives it,
+bench/cluster_scale.node_labels) fails NodeAffinity, which runs first, and costs the
+allocator nothing; empty, and at bench/cluster_scale.py's 90 % fill mix. It needs no cluster;
 bench/cluster_scale.py measures the same kinds on the real scheduler, and
 docs/performance.md puts the two side by side.
 
+``--cpu-group-at K`` models a different device order: each NUMA node's CPU group moved to
+position K among that node's devices (0: first; toposlice puts it last), to weigh what a
+CPU-aligned claim would gain against what every GPU request passing it would pay.
+
 Usage: python3 bench/allocator_cost.py [--claims old|new|both] [--kinds a,b] [--nodes N]
-  [--extra FILE]
+  [--extra FILE] [--cpu-group-at K]
 """
 
 from __future__ import annotations
@@ -52,14 +59,18 @@ from bench.cluster_scale import (  # noqa: E402
     DRIVER,
     FILL_MIX,
     MACHINES,
+    example_affinities,
     gpu_names,
     gpus_of,
     new_claims,
+    node_labels,
     node_slices,
+    old_affinities,
     old_claims,
     plain_spec,
 )
 from normalize.deviceclasses import device_classes  # noqa: E402
+from normalize.node_feature import admits  # noqa: E402
 from scorer.cel import device_env, evaluate  # noqa: E402
 
 #: Give up counting past this many tries (the real search would go on: reported as ">").
@@ -194,17 +205,44 @@ def search_cost(
     return cost
 
 
-def scenarios() -> list[tuple[str, list[dict[str, Any]], set[str]]]:
-    """(label, slices, devices in use): each machine free, then with 2 and 1 GPUs free
-    (the 90 %-full cluster's partly free nodes), the free ones drawn at random."""
+Scenario = tuple[str, list[dict[str, Any]], set[str], dict[str, str]]
+
+
+def machine_slices(cpu_group_at: int | None = None) -> dict[str, list[dict[str, Any]]]:
+    """Each machine's slices as toposlice publishes them, or with every NUMA node's CPU
+    group moved to position ``cpu_group_at`` among that node's devices (a device order
+    toposlice does not publish: for --cpu-group-at)."""
     slices = node_slices([(m, m) for m in MACHINES])
+    if cpu_group_at is None:
+        return slices
+    for sl in slices.values():
+        for s in sl:
+            out: list[dict[str, Any]] = []
+            group: list[dict[str, Any]] = []
+            for d in s["spec"]["devices"]:
+                if d["attributes"].get("type", {}).get("string") == "cpu":
+                    group.insert(min(cpu_group_at, len(group)), d)  # closes its node's run
+                    out += group
+                    group = []
+                else:
+                    group.append(d)
+            s["spec"]["devices"] = out + group
+    return slices
+
+
+def scenarios(cpu_group_at: int | None = None) -> list[Scenario]:
+    """(label, slices, devices in use, node labels): each machine free, then with 2 and 1
+    GPUs free (the 90 %-full cluster's partly free nodes), the free ones drawn at random."""
+    slices = machine_slices(cpu_group_at)
     rng = random.Random(22)
-    out: list[tuple[str, list[dict[str, Any]], set[str]]] = []
+    out: list[Scenario] = []
     for m in MACHINES:
         gpus = gpu_names(slices[m])
-        out.append((f"{m} free", slices[m], set()))
+        labels = node_labels(m, m)
+        out.append((f"{m} free", slices[m], set(), labels))
         for free in (2, 1):
-            out.append((f"{m} {free} free", slices[m], set(rng.sample(gpus, len(gpus) - free))))
+            busy = set(rng.sample(gpus, len(gpus) - free))
+            out.append((f"{m} {free} free", slices[m], busy, labels))
     return out
 
 
@@ -212,9 +250,9 @@ def scenarios() -> list[tuple[str, list[dict[str, Any]], set[str]]]:
 class PodCost:
     """One pod's allocator work over the cluster, as kube-scheduler spends it."""
 
-    evaluations: float  # CEL evaluations summed over the nodes filtered
-    nodes: float  # nodes filtered
-    feasible: float  # share of nodes that can take the claim
+    evaluations: float  # CEL evaluations summed over the nodes DynamicResources filters
+    nodes: float  # nodes DynamicResources filters (not those NodeAffinity refused first)
+    feasible: float  # share of nodes that can take the pod
 
 
 def nodes_to_find(n: int) -> int:
@@ -226,27 +264,30 @@ def nodes_to_find(n: int) -> int:
     return max(100, n * pct // 100)
 
 
-NodeState = tuple[float, list[dict[str, Any]], set[str]]
+NodeState = tuple[float, list[dict[str, Any]], set[str], dict[str, str]]
 
 
-def node_states(fill_pct: int, samples: int = 4) -> list[NodeState]:
-    """(share of the cluster's nodes, slices, devices in use) for bench/cluster_scale.py's
-    fill: each machine half the nodes, busy GPUs per FILL_MIX at 90 % (drawn at random,
-    ``samples`` draws per state), none at 0 %."""
-    slices = node_slices([(m, m) for m in MACHINES])
+def node_states(
+    fill_pct: int, samples: int = 4, cpu_group_at: int | None = None
+) -> list[NodeState]:
+    """(share of the cluster's nodes, slices, devices in use, node labels) for
+    bench/cluster_scale.py's fill: each machine half the nodes, busy GPUs per FILL_MIX at
+    90 % (drawn at random, ``samples`` draws per state), none at 0 %."""
+    slices = machine_slices(cpu_group_at)
     rng = random.Random(22)
     out: list[NodeState] = []
     for m in MACHINES:
         gpus = gpu_names(slices[m])
+        labels = node_labels(m, m)
         if fill_pct == 0:
-            out.append((1 / len(MACHINES), slices[m], set()))
+            out.append((1 / len(MACHINES), slices[m], set(), labels))
             continue
         for busy, share in FILL_MIX:
             busy = min(len(gpus), round(busy * fill_pct / 90))
             draws = 1 if busy in (0, len(gpus)) else samples
             for _ in range(draws):
                 w = share / len(MACHINES) / draws
-                out.append((w, slices[m], set(rng.sample(gpus, busy))))
+                out.append((w, slices[m], set(rng.sample(gpus, busy)), labels))
     return out
 
 
@@ -255,18 +296,23 @@ def pod_cost(
     states: Sequence[NodeState],
     classes: Mapping[str, Mapping[str, Any]],
     n: int = 1000,
+    affinity: Mapping[str, Any] | None = None,
 ) -> PodCost:
     """Expected CEL evaluations per pod on an N-node cluster of ``states``: the scheduler
-    filters nodes until nodes_to_find(N) passed (or all N), so a kind that fits fewer
-    nodes filters more of them."""
-    cel = feasible = 0.0
-    for w, sl, busy in states:
+    filters nodes until nodes_to_find(N) passed every filter (or all N), so a kind that
+    fits fewer nodes filters more of them; of those, the ones the pod's ``affinity``
+    refuses stop at NodeAffinity and never reach DynamicResources."""
+    cel = feasible = reached = 0.0
+    for w, sl, busy, labels in states:
+        if not admits(affinity, labels):
+            continue
         c = search_cost(spec, sl, busy, classes)
+        reached += w
         cel += w * c.cel
         feasible += w * (1.0 if c.ok else 0.0)
     want = nodes_to_find(n)
-    nodes = float(n) if feasible * n <= want else want / feasible
-    return PodCost(evaluations=cel * nodes, nodes=nodes, feasible=feasible)
+    visited = float(n) if feasible * n <= want else want / feasible
+    return PodCost(evaluations=cel * visited, nodes=reached * visited, feasible=feasible)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -277,9 +323,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument(
         "--extra", default=None, metavar="FILE", help="more kinds: JSON {name: claim spec}"
     )
+    ap.add_argument(
+        "--cpu-group-at",
+        type=int,
+        default=None,
+        metavar="K",
+        help="model each NUMA node's CPU group at position K of its node's devices",
+    )
     args = ap.parse_args(argv)
     classes = {c["metadata"]["name"]: c for c in device_classes(DRIVER)}
     sets = []
+    affinities: dict[str, dict[str, dict[str, Any]]] = {
+        "old": old_affinities(),
+        "new": example_affinities(),
+    }
     if args.claims in ("old", "both"):
         sets.append(("old", old_claims()))
     if args.claims in ("new", "both"):
@@ -294,8 +351,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.kinds:
         extra = dict(sets).get("extra", {})
         kinds = [k for k in kinds if k in args.kinds.split(",") or k in extra]
-    scen = scenarios()
-    print("cel evaluations / constraint tries per node (x = cannot allocate; > = over the cap)")
+    scen = scenarios(args.cpu_group_at)
+    print(
+        "cel evaluations / constraint tries per node (x = cannot allocate; > = over the cap; "
+        "- = the pod's node affinity refuses the node)"
+    )
     print(f"{'claim':<48} {'set':<5} " + " ".join(f"{s[0]:>18}" for s in scen))
     for g in sorted({size(k) for k in kinds}):
         rows = [(f"plain {g}", "plain", plain_spec(g))]
@@ -304,7 +364,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         ]
         for name, label, spec in rows:
             cells = []
-            for _, sl, busy in scen:
+            affinity = affinities.get(label, {}).get(name)
+            for _, sl, busy, labels in scen:
+                if not admits(affinity, labels):
+                    cells.append("-")
+                    continue
                 c = search_cost(spec, sl, busy, classes)
                 mark = ">" if c.capped else ("" if c.ok else "x")
                 cells.append(f"{mark}{c.cel}/{c.tries}")
@@ -312,11 +376,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     print()
     print(
         f"per pod on {args.nodes} nodes: CEL evaluations summed over the nodes the scheduler "
-        "filters (x plain of as many GPUs), nodes filtered, share of nodes that fit"
+        "filters (x plain of as many GPUs), nodes DynamicResources filters (not those the "
+        "pod's node affinity refused first), share of nodes that fit"
     )
     fills = (0, 90)
     print(f"{'claim':<48} {'set':<5} " + " ".join(f"{f'fill {f}%':>30}" for f in fills))
-    states = {f: node_states(f) for f in fills}
+    states = {f: node_states(f, cpu_group_at=args.cpu_group_at) for f in fills}
     for g in sorted({size(k) for k in kinds}):
         rows = [(f"plain {g}", "plain", plain_spec(g))]
         rows += [
@@ -325,8 +390,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         base = {f: pod_cost(rows[0][2], states[f], classes, args.nodes) for f in fills}
         for name, label, spec in rows:
             cells = []
+            affinity = affinities.get(label, {}).get(name)
             for f in fills:
-                pc = pod_cost(spec, states[f], classes, args.nodes)
+                pc = pod_cost(spec, states[f], classes, args.nodes, affinity)
                 ratio = pc.evaluations / base[f].evaluations if base[f].evaluations else 0.0
                 cells.append(
                     f"{pc.evaluations:7.0f} ({ratio:4.1f}) {pc.nodes:5.0f} {pc.feasible:5.0%}"

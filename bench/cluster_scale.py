@@ -2,14 +2,16 @@
 """toposlice's claims at cluster size, on the real v1.36.2 control plane (issue #22).
 
 N Node objects (half dgx-h100, half pcie-8gpu), each with the ResourceSlices that
-`toposlice slices --fake MACHINE --node-name NODE` prints, and the DeviceClasses the chart
-installs. No kubelet runs: the controller-manager's node-lifecycle controller is off, so
-the nodes stay Ready (and untainted) without Lease renewals. For every claim kind (plain
-GPU counts, every example in examples/ that names only toposlice's classes, and the
-`toposlice claim` shapes) PODS pods are created at once, each with its own ResourceClaim
-(created first, so the resourceclaim controller's template work is not what is timed),
-on an empty cluster and on one whose GPUs are 90 % taken by plain claims (allocated by
-the admin in one claim per node, a seeded mix of full and partly free nodes). Per kind:
+`toposlice slices --fake MACHINE --node-name NODE` prints and the `toposlice.dev/` labels
+NFD would put on it from the driver's NodeFeature (normalize/node_feature.py), and the
+DeviceClasses the chart installs. No kubelet runs: the controller-manager's node-lifecycle
+controller is off, so the nodes stay Ready (and untainted) without Lease renewals. For
+every claim kind (plain GPU counts, every example in examples/ that names only toposlice's
+classes, and the `toposlice claim` shapes) PODS pods are created at once, each with its
+own ResourceClaim (created first, so the resourceclaim controller's template work is not
+what is timed) and the node affinity of the example's Pod where it has one, on an empty
+cluster and on one whose GPUs are 90 % taken by plain claims (allocated by the admin in
+one claim per node, a seeded mix of full and partly free nodes). Per kind:
 
   pods/s      bound pods / (last bind - first pod created), through a watch
   p50, p99    pod created -> bound (spec.nodeName seen), seconds
@@ -19,17 +21,19 @@ the admin in one claim per node, a seeded mix of full and partly free nodes). Pe
   ×plain      the ratio to the plain GPU count of as many devices as the kind takes at
               its first choice (at most 8), measured in the same run
 
-`--claims old|new|both`: the new claims are what this tree writes; the old ones are the
-frozen copy in bench/data/cluster_scale_old_claims.json (what the tree wrote at the
-revision it names; `--freeze` rewrites it from the current tree). Both run against the
-same slices (this tree's), taking turns kind by kind; a kind whose claim did not change
-runs once and fills both columns. kube-scheduler and controller-manager run at
+`--claims old|new|both`: the new claims are what this tree writes (with its examples' pod
+affinities); the old ones are the frozen copy in bench/data/cluster_scale_old_claims.json
+(what the tree wrote at the revision it names, affinities included once frozen with them;
+`--freeze` rewrites it from the current tree). Both run against the same slices and node
+labels (this tree's), taking turns kind by kind; a kind whose claim and affinity did not
+change runs once and fills both columns. kube-scheduler and controller-manager run at
 `--kube-api-qps=300 --kube-api-burst=600`; `--default-limits` adds a pass on an empty
 cluster with the scheduler restarted at its default client rate limits.
 
 A kind whose pods do not all bind within --run-timeout seconds (or with no bind for
 --stall seconds: the cluster is full for it) is reported from the pods that bound. The
-run takes /tmp/toposlice-heavy.lock (flock) for its whole length.
+run takes /tmp/toposlice-heavy.lock (flock) for its whole length (under `flock` on the same
+file it uses the descriptor it inherits).
 
 Usage: python3 bench/cluster_scale.py --nodes 1000 [--claims both] [--pods 100]
   [--pods-full 50] [--fill 0,90] [--kinds a,b] [--default-limits] [--json FILE]
@@ -47,6 +51,7 @@ if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
 import argparse
 import contextlib
 import fcntl
+import functools
 import json
 import os
 import random
@@ -117,14 +122,27 @@ def plain_spec(gpus: int) -> dict[str, Any]:
 def example_specs() -> dict[str, dict[str, Any]]:
     """The ResourceClaimTemplate spec of every example that names only this driver's
     DeviceClasses (the vendor-GPU one needs the NVIDIA driver's slices)."""
-    out: dict[str, dict[str, Any]] = {}
+    return {k: spec for k, (spec, _) in _examples().items()}
+
+
+def example_affinities() -> dict[str, dict[str, Any]]:
+    """The Pod's ``affinity`` of each of those examples that has one: the bench's pods
+    carry it as the example's would."""
+    return {k: aff for k, (_, aff) in _examples().items() if aff}
+
+
+def _examples() -> dict[str, tuple[dict[str, Any], dict[str, Any] | None]]:
+    out: dict[str, tuple[dict[str, Any], dict[str, Any] | None]] = {}
     for path in sorted((REPO / "examples").glob("*.yaml")):
-        for doc in yaml.safe_load_all(path.read_text()):
-            if not doc or doc.get("kind") != "ResourceClaimTemplate":
+        docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
+        pods = [d for d in docs if d.get("kind") == "Pod"]
+        affinity = pods[0]["spec"].get("affinity") if pods else None
+        for doc in docs:
+            if doc.get("kind") != "ResourceClaimTemplate":
                 continue
             spec = doc["spec"]["spec"]
             if all(c.endswith(f".{DRIVER}") for c in classes_of(spec)):
-                out[path.stem] = spec
+                out[path.stem] = (spec, affinity)
     return out
 
 
@@ -164,6 +182,13 @@ def old_claims(path: Path = OLD_CLAIMS) -> dict[str, dict[str, Any]]:
     data = json.loads(path.read_text())
     kinds: dict[str, dict[str, Any]] = data["kinds"]
     return kinds
+
+
+def old_affinities(path: Path = OLD_CLAIMS) -> dict[str, dict[str, Any]]:
+    """The frozen copy's pod affinities (none in a copy frozen before they existed)."""
+    data = json.loads(path.read_text())
+    affinities: dict[str, dict[str, Any]] = data.get("affinities") or {}
+    return affinities
 
 
 def gpus_of(spec: Mapping[str, Any]) -> int:
@@ -273,10 +298,29 @@ def node_names(n: int) -> list[tuple[str, str]]:
     return [(f"n{i:04d}-{MACHINES[i % 2].split('-')[0]}", MACHINES[i % 2]) for i in range(n)]
 
 
+@functools.cache
+def _machine_labels(machine: str) -> tuple[tuple[str, str], ...]:
+    from normalize.node_feature import PREFIX, topology_labels
+    from toposlice.sources import add_source_args, load_inventory
+
+    parser = argparse.ArgumentParser()
+    add_source_args(parser)
+    inv = load_inventory(parser.parse_args(["--fake", machine]))
+    labels = topology_labels(inv, "node-name-placeholder")
+    return tuple(sorted((f"{PREFIX}/{k}", v) for k, v in labels.items()))
+
+
+def node_labels(name: str, machine: str) -> dict[str, str]:
+    """The ``toposlice.dev/`` labels NFD's master gives the node from the NodeFeature the
+    driver writes (``--node-feature``) on ``machine``: what a claim's node affinity
+    reads. The node name only appears in ``nvlink-domain`` of a node-local domain."""
+    return {k: v.replace("node-name-placeholder", name) for k, v in _machine_labels(machine)}
+
+
 def node_body(name: str, machine: str) -> dict[str, Any]:
     """A Node created Ready with its status (the API keeps a Node's status on create)."""
     res = {"cpu": "256", "memory": "2Ti", "pods": "250"}
-    body = node_object(name, {"bench.toposlice.dev/machine": machine})
+    body = node_object(name, {"bench.toposlice.dev/machine": machine, **node_labels(name, machine)})
     body["status"] = {
         "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}],
         "capacity": res,
@@ -510,8 +554,10 @@ def run_kind(
     run_timeout: float,
     stall: float,
     scheduler_name: str | None = None,
+    affinity: Mapping[str, Any] | None = None,
 ) -> KindResult:
-    """``scheduler_name``: the pods' schedulerName (None: the default profile)."""
+    """``scheduler_name``: the pods' schedulerName (None: the default profile);
+    ``affinity``: the pods' affinity (the example Pod's)."""
     run = uuid.uuid4().hex[:8]
     label = f"bench-run={run}"
     ns = NAMESPACE
@@ -539,6 +585,7 @@ def run_kind(
             "metadata": {"name": name, "labels": {"bench-run": run}},
             "spec": {
                 **({"schedulerName": scheduler_name} if scheduler_name else {}),
+                **({"affinity": affinity} if affinity else {}),
                 "terminationGracePeriodSeconds": 0,
                 "tolerations": [{"operator": "Exists"}],
                 "resourceClaims": [{"name": "c", "resourceClaimName": name}],
@@ -655,40 +702,69 @@ class Plan:
     extra: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
-def kinds_to_run(plan: Plan) -> list[tuple[str, str, dict[str, Any]]]:
-    """(kind, claims, spec) in run order: per GPU count its plain claim, then each kind
-    needing that many GPUs, old and new taking turns."""
+Kind = tuple[str, str, dict[str, Any], dict[str, Any] | None]
+
+
+def kinds_to_run(plan: Plan) -> list[Kind]:
+    """(kind, claims, spec, pod affinity) in run order: per GPU count its plain claim,
+    then each kind needing that many GPUs, old and new taking turns."""
     new = new_claims() if plan.claims in ("new", "both") else {}
     new.update(plan.extra)
     old = old_claims() if plan.claims in ("old", "both") else {}
+    new_aff, old_aff = example_affinities(), old_affinities()
     names = sorted(set(new) | set(old), key=lambda k: (gpus_of((new or old)[k]), k))
     if plan.kinds:
         names = [k for k in names if k in plan.kinds or k in plan.extra]
-    out: list[tuple[str, str, dict[str, Any]]] = []
+    out: list[Kind] = []
     counts = sorted({gpus_of((new or old)[k]) for k in names} | {2})
     for g in counts:
-        out.append((f"plain {g} GPU{'s' if g > 1 else ''}", "plain", plain_spec(g)))
+        out.append((f"plain {g} GPU{'s' if g > 1 else ''}", "plain", plain_spec(g), None))
         for k in names:
             if gpus_of((new or old)[k]) != g:
                 continue
-            if k in old and k in new and old[k] == new[k]:
-                out.append((k, "same", new[k]))  # unchanged: measured once, shown in both
+            if k in old and k in new and (old[k], old_aff.get(k)) == (new[k], new_aff.get(k)):
+                # unchanged: measured once, shown in both
+                out.append((k, "same", new[k], new_aff.get(k)))
                 continue
             if k in old:
-                out.append((k, "old", old[k]))
+                out.append((k, "old", old[k], old_aff.get(k)))
             if k in new:
-                out.append((k, "new", new[k]))
+                out.append((k, "new", new[k], new_aff.get(k)))
     return out
 
 
 @contextlib.contextmanager
-def heavy_lock() -> Iterator[None]:
-    with open(HEAVY_LOCK, "a") as fh:
+def heavy_lock(path: str = HEAVY_LOCK) -> Iterator[None]:
+    """Hold ``path`` (flock) for the block. Run as ``flock FILE python3 bench/...``, the
+    process inherits flock(1)'s descriptor, whose open file holds the lock: locking a new
+    descriptor of the same file would wait for that lock forever, so the inherited one is
+    used (locking it again returns at once) and left to flock(1) to release."""
+    inherited = _inherited_fd(path)
+    if inherited is not None:
+        fcntl.flock(inherited, fcntl.LOCK_EX)
+        yield
+        return
+    with open(path, "a") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:
             yield
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _inherited_fd(path: str) -> int | None:
+    """A descriptor of this process already open on ``path`` (Linux: /proc/self/fd)."""
+    try:
+        want = os.stat(path)
+        fds = os.listdir("/proc/self/fd")
+    except OSError:
+        return None
+    for name in fds:
+        with contextlib.suppress(OSError, ValueError):
+            st = os.fstat(int(name))
+            if (st.st_dev, st.st_ino) == (want.st_dev, want.st_ino):
+                return int(name)
+    return None
 
 
 def start_cluster(dir: Path, raised: bool = True) -> Cluster:
@@ -729,7 +805,7 @@ def run(plan: Plan, out: Any = sys.stdout) -> list[KindResult]:
                     file=out,
                     flush=True,
                 )
-                for kind, claims, spec in kinds:
+                for kind, claims, spec, affinity in kinds:
                     r = run_kind(
                         api,
                         kind,
@@ -740,6 +816,7 @@ def run(plan: Plan, out: Any = sys.stdout) -> list[KindResult]:
                         "raised",
                         plan.run_timeout,
                         plan.stall,
+                        affinity=affinity,
                     )
                     results.append(r)
                     print(progress_line(r), file=out, flush=True)
@@ -755,8 +832,8 @@ def run(plan: Plan, out: Any = sys.stdout) -> list[KindResult]:
                 )
                 chosen = [k for k in kinds if k[0] in plan.default_kinds]
                 sizes = {gpus_of(k[2]) for k in chosen}
-                for kind, claims, spec in kinds:
-                    if (kind, claims, spec) not in chosen and not (
+                for kind, claims, spec, affinity in kinds:
+                    if (kind, claims, spec, affinity) not in chosen and not (
                         claims == "plain" and gpus_of(spec) in sizes
                     ):
                         continue
@@ -770,6 +847,7 @@ def run(plan: Plan, out: Any = sys.stdout) -> list[KindResult]:
                         "default",
                         plan.run_timeout,
                         plan.stall,
+                        affinity=affinity,
                     )
                     results.append(r)
                     print(progress_line(r), file=out, flush=True)
@@ -848,7 +926,7 @@ def cell(r: KindResult | None, base: KindResult | None) -> str:
 def freeze(path: Path, rev: str) -> None:
     """Write the current tree's claims as the frozen 'today' copy."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    doc = {"rev": rev, "kinds": new_claims()}
+    doc = {"rev": rev, "kinds": new_claims(), "affinities": example_affinities()}
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
     tmp.replace(path)

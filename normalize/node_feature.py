@@ -20,6 +20,19 @@ each to what Kueue, KAI, Volcano and topograph read):
   ``pix`` < ``pxb`` < ``phb`` < ``node`` < ``sys``; ``none`` without RDMA NICs.
 - ``rail-count``: the RDMA NICs that are the closest NIC of at least one GPU (rails of a
   rail-optimized fabric; storage NICs farther away do not count).
+- ``gpus-per-nvlink-domain``: the most GPUs of the node that share one NVLink domain (the
+  devices' ``nvlinkDomain`` attribute), ``0`` without NVLink: an integer for ``Gt``.
+- ``nic.link-layers``: the link layers the node's network functions report (the NIC
+  devices' ``linkLayer``), lower case, sorted and joined with ``_``
+  (``ethernet_infiniband``); ``none`` when none reports one.
+
+The last two exist so that a pod whose claim needs four GPUs of one NVLink domain, or an
+InfiniBand NIC, can carry a node affinity that kube-scheduler's NodeAffinity filter checks
+before DynamicResources: a node whose labels prove the claim cannot fit is refused without
+the allocator's search (docs/performance.md#claims-at-cluster-size). Both are necessary
+conditions computed from the same facts as the slice attributes, so such an affinity never
+refuses a node the claim could fit. :func:`admits` is that filter's rule, for the benches
+and tests.
 
 ``spec.features.attributes["toposlice.topology"]`` carries the same values without the
 prefix, for NodeFeatureRules. Pure function: no I/O.
@@ -29,11 +42,13 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Mapping
 from typing import Any
 
 from discovery.model import Gpu, Inventory, Nic
 
 from .cpugroups import device_numa
+from .devices import nvlink_domain
 from .names import short_hash
 from .relations import matrix_nics, ordered_gpus, relation
 
@@ -125,6 +140,10 @@ def topology_labels(inv: Inventory, node_name: str) -> dict[str, str]:
         alignment, rails = _alignment(inv, gpus, nics)
         out["gpu-nic-alignment"] = alignment
         out["rail-count"] = str(rails)
+        domains = Counter(d for d in (nvlink_domain(inv, g) for g in gpus) if d is not None)
+        out["gpus-per-nvlink-domain"] = str(max(domains.values(), default=0))
+        layers = sorted({n.link_layer.lower() for n in inv.nics if n.link_layer})
+        out["nic.link-layers"] = label_safe("_".join(layers)) or "none"
     return {k: v for k, v in out.items() if v}
 
 
@@ -150,3 +169,45 @@ def build_node_feature(inv: Inventory, node_name: str, namespace: str) -> dict[s
             "labels": {f"{PREFIX}/{k}": v for k, v in labels.items()},
         },
     }
+
+
+def admits(affinity: Mapping[str, Any] | None, labels: Mapping[str, str]) -> bool:
+    """Whether a pod's ``affinity`` lets it onto a node with ``labels``: the rule of
+    kube-scheduler's NodeAffinity filter for ``requiredDuringSchedulingIgnoredDuringExecution``
+    (terms ORed, the expressions of a term ANDed; ``Gt``/``Lt`` compare the label's value
+    as an integer and fail when it is not one). ``matchFields`` name fields, not labels: a
+    term with them is refused (ValueError) rather than guessed."""
+    required = ((affinity or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    )
+    if not required:
+        return True
+    for term in required.get("nodeSelectorTerms") or []:
+        if term.get("matchFields"):
+            raise ValueError("matchFields is not a label rule")
+        exprs = term.get("matchExpressions") or []
+        if exprs and all(_expression_holds(e, labels) for e in exprs):
+            return True
+    return False
+
+
+def _expression_holds(expr: Mapping[str, Any], labels: Mapping[str, str]) -> bool:
+    op, key, values = expr["operator"], expr["key"], list(expr.get("values") or [])
+    value = labels.get(key)
+    if op == "In":
+        return value in values
+    if op == "NotIn":
+        return value not in values
+    if op == "Exists":
+        return value is not None
+    if op == "DoesNotExist":
+        return value is None
+    if op in ("Gt", "Lt"):
+        if value is None or len(values) != 1:
+            return False
+        try:
+            have, bound = int(value), int(values[0])
+        except ValueError:
+            return False
+        return have > bound if op == "Gt" else have < bound
+    raise ValueError(f"unknown node selector operator {op!r}")

@@ -23,6 +23,7 @@ import yaml
 from kubernetes_validate.utils import latest_version
 
 from normalize.deviceclasses import device_classes
+from normalize.node_feature import PREFIX, admits, topology_labels
 from scorer.allocator import AllocationError, Allocator, Result
 
 REPO = Path(__file__).resolve().parent.parent
@@ -211,6 +212,45 @@ def test_example_allocates_as_its_comment_says(path: Path, machine: str) -> None
     vendor = machine.partition(" beside ")[2]
     if vendor:  # one claim, devices of two drivers
         assert {r.driver for r in got} == {vendor, "toposlice.dev"}
+
+
+def pod_affinity(path: Path) -> dict[str, Any] | None:
+    pod = next(d for d in docs(path) if d["kind"] == "Pod")
+    affinity: dict[str, Any] | None = pod["spec"].get("affinity")
+    return affinity
+
+
+AFFINITY_EXAMPLES = [p for p in EXAMPLES if pod_affinity(p)]
+
+
+def test_the_dgx_only_examples_carry_a_node_affinity() -> None:
+    assert {p.stem for p in AFFINITY_EXAMPLES} >= {"gpus-nvlink-domain", "gpu-nic-same-pcie-root"}
+
+
+@pytest.mark.parametrize("path", AFFINITY_EXAMPLES, ids=lambda p: p.name)
+def test_node_affinity_refuses_only_machines_the_claim_cannot_fit(path: Path) -> None:
+    """The affinity is a shortcut for the scheduler, never a rule of its own: on every fake
+    machine its NodeFeature labels (what NFD puts on the node) are let through wherever the
+    claim allocates, it refuses at least one machine (else it is no use), and a node
+    without toposlice's labels (no NFD) is let through."""
+    from discovery.fake import list_machines
+    from tests.driver_support import snapshot
+
+    affinity = pod_affinity(path)
+    spec = template(path)["spec"]["spec"]
+    refused = []
+    for machine in list_machines():
+        labels = {
+            f"{PREFIX}/{k}": v
+            for k, v in topology_labels(snapshot(machine).inventory, NODE).items()
+        }
+        got = Allocator(list(machine_slices(machine)), device_classes(), node=NODE).allocate(spec)
+        if not admits(affinity, labels):
+            assert got is None, f"{path.name}: the affinity refuses {machine}, where it fits"
+            refused.append(machine)
+    assert refused, f"{path.name}: the affinity refuses no machine"
+    assert "pcie-8gpu" in refused
+    assert admits(affinity, {"kubernetes.io/hostname": "no-nfd"})
 
 
 # -- the allocator model itself: it must be able to say no -------------------------------

@@ -31,6 +31,7 @@ from driver.topology_objects import (
 )
 from normalize.node_feature import (
     NODE_NAME_LABEL,
+    admits,
     build_node_feature,
     is_label_value,
     label_safe,
@@ -205,6 +206,56 @@ def test_node_feature_topology_facts() -> None:
     assert gb200["gpu-nic-alignment"] == "sys"  # nvidia-smi topo -m says SYS (real capture)
     cloud = topology_labels(snapshot("cloud-vm-1gpu").inventory, NODE)
     assert cloud["gpu-nic-alignment"] == "none" and cloud["rail-count"] == "0"
+    # The node-affinity labels: NVSwitch (all 8), the tray's clique (its 4), none on PCIe
+    # cards or on xGMI (which is not NVLink); InfiniBand rails beside Ethernet storage NICs.
+    assert dgx["gpus-per-nvlink-domain"] == "8" and gb200["gpus-per-nvlink-domain"] == "4"
+    assert dgx["nic.link-layers"] == gb200["nic.link-layers"] == "ethernet_infiniband"
+    pcie = topology_labels(snapshot("pcie-8gpu").inventory, NODE)
+    mi300x = topology_labels(snapshot("mi300x-8").inventory, NODE)
+    assert pcie["gpus-per-nvlink-domain"] == mi300x["gpus-per-nvlink-domain"] == "0"
+    assert pcie["nic.link-layers"] == "ethernet" and cloud["nic.link-layers"] == "none"
+
+
+def _required(*terms: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": t} for t in terms]
+            }
+        }
+    }
+
+
+def test_admits_is_the_node_affinity_rule() -> None:
+    gt3 = {"key": "k", "operator": "Gt", "values": ["3"]}
+    absent = {"key": "k", "operator": "DoesNotExist"}
+    ib = {"key": "l", "operator": "In", "values": ["infiniband", "ethernet_infiniband"]}
+    assert admits(None, {}) and admits({}, {"k": "1"})
+    assert admits(_required([gt3]), {"k": "8"}) and not admits(_required([gt3]), {"k": "3"})
+    assert not admits(_required([gt3]), {}) and not admits(_required([gt3]), {"k": "x"})
+    # terms are ORed, expressions of a term ANDed
+    assert admits(_required([gt3], [absent]), {}) and not admits(
+        _required([gt3], [absent]), {"k": "0"}
+    )
+    assert admits(_required([gt3, ib]), {"k": "8", "l": "ethernet_infiniband"})
+    assert not admits(_required([gt3, ib]), {"k": "8", "l": "ethernet"})
+    lt = {"key": "k", "operator": "Lt", "values": ["2"]}
+    assert admits(_required([lt]), {"k": "1"}) and not admits(_required([lt]), {"k": "2"})
+    assert admits(_required([{"key": "k", "operator": "Exists"}]), {"k": ""})
+    assert admits(_required([{"key": "k", "operator": "NotIn", "values": ["a"]}]), {})
+    with pytest.raises(ValueError):
+        admits(_required([{"key": "k", "operator": "Near"}]), {"k": "1"})
+    fields = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["a"]}]}
+                ]
+            }
+        }
+    }
+    with pytest.raises(ValueError):
+        admits(fields, {})
 
 
 def test_node_feature_refuses_long_node_name() -> None:

@@ -3,7 +3,9 @@ pcie-8gpu) with the slices `toposlice slices` prints, every example and `toposli
 kind on an empty and on a 90 %-full cluster. Asserted: the allocations, not the timings —
 every pod binds, every claim's devices are what the allocator model (scorer/allocator.py)
 allocates on that node with the rest of the node in use (so selectors, constraints and the
-chosen rungs all hold), and on the empty cluster every ladder lands its first rung.
+chosen rungs all hold), and on the empty cluster every ladder lands its first rung. The
+nodes carry the labels NFD would give them and the pods the example Pod's node affinity, so
+a kind that fits only the DGX half is also checked to land only where its affinity lets it.
 
 The cluster is its own (node-lifecycle controller off, so 100 Node objects stay Ready
 without Lease renewals), started and stopped by this module.
@@ -19,6 +21,7 @@ import pytest
 
 from bench import cluster_scale as cs
 from normalize.deviceclasses import device_classes
+from normalize.node_feature import admits
 from scorer.allocator import Allocator
 from scorer.ladder import rung_of
 from tests.e2e.cluster import find_assets
@@ -52,13 +55,19 @@ def _fill_devices(api: cs.Api) -> dict[str, set[str]]:
 
 
 def _check(
-    pop: cs.Populated, spec: dict[str, Any], r: cs.KindResult, busy: dict[str, set[str]]
+    pop: cs.Populated,
+    spec: dict[str, Any],
+    r: cs.KindResult,
+    busy: dict[str, set[str]],
+    affinity: dict[str, Any] | None = None,
 ) -> None:
     assert r.bound == r.pods, f"{r.kind} at {r.fill}%: {r.bound}/{r.pods} bound"
     assert len(r.allocations) == r.pods
     classes = device_classes(cs.DRIVER)
+    machine = dict(pop.nodes)
     for a in r.allocations:
         node = a["node"]
+        assert admits(affinity, cs.node_labels(node, machine[node])), (r.kind, node)
         mine = {d for _, d in a["results"]}
         every = {d["name"] for s in pop.slices[node] for d in s["spec"]["devices"]}
         others = every - mine
@@ -81,12 +90,15 @@ def _first_rungs(spec: dict[str, Any]) -> dict[str, str]:
 def test_every_kind_allocates_on_100_nodes(scale: tuple[cs.Api, cs.Populated]) -> None:
     api, pop = scale
     kinds = cs.new_claims()
+    affinities = cs.example_affinities()
+    assert {"gpus-nvlink-domain", "gpu-nic-same-pcie-root"} <= set(affinities)
     for fill_pct, pods in ((0, PODS), (90, PODS_FULL)):
         cs.fill(api, pop, fill_pct)
         busy = _fill_devices(api)
         for kind, spec in kinds.items():
-            r = cs.run_kind(api, kind, "new", spec, pods, fill_pct, "raised", 60, 15)
-            _check(pop, spec, r, busy)
+            aff = affinities.get(kind)
+            r = cs.run_kind(api, kind, "new", spec, pods, fill_pct, "raised", 60, 15, affinity=aff)
+            _check(pop, spec, r, busy, aff)
             if fill_pct == 0 and kind.startswith(("claim", "gpus-2-nics-ladder")):
                 want = _first_rungs(spec)
                 for a in r.allocations:
@@ -103,4 +115,7 @@ def test_slices_are_what_the_cli_prints(scale: tuple[cs.Api, cs.Populated]) -> N
     )["items"]
     want = cs.node_slices([(name, machine)])[name]
     assert [s["spec"]["devices"] for s in listed] == [s["spec"]["devices"] for s in want]
+    node = api.call("GET", f"/api/v1/nodes/{name}")
+    labels = {k: v for k, v in node["metadata"]["labels"].items() if k.startswith("toposlice.")}
+    assert labels == cs.node_labels(name, machine) and labels["toposlice.dev/gpu.count"] == "8"
     assert Path(cs.OLD_CLAIMS).is_file()
