@@ -56,7 +56,10 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "toposlice score --request examples/requests/tp4-training.yaml --fake dgx-h100",
         "toposlice score --request req.yaml --fake dgx-h100 --devices GPU0,GPU1",
     ),
-    "claim": ("toposlice claim --gpus 4 --nics-per-gpu 1 --fake dgx-h100",),
+    "claim": (
+        "toposlice claim --gpus 4 --nics-per-gpu 1 --fake dgx-h100",
+        "toposlice claim --gpus 2 --nics-per-gpu 1 --pattern tensor-parallel --fake pcie-8gpu",
+    ),
     "scorer": ("toposlice scorer serve --no-kube --fake dgx-h100:node-a --http-addr :8090",),
     "serve": ("toposlice serve --fake dgx-h100 --http-addr 127.0.0.1:8080",),
     "doctor": ("toposlice doctor --node-name node-a --slices slices.yaml",),

@@ -29,9 +29,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--pattern",
         choices=PATTERNS,
         default=None,
-        help="the workload's communication pattern (or from --request): one that runs at least "
-        "twice as long on PCIe as on NVLink (all but pipeline-parallel and independent) puts "
-        "a scale-up (NVLink / xGMI) rung first; without it no such rung",
+        metavar="PATTERN",
+        help=f"the workload ({', '.join(PATTERNS)}; or from --request): one that runs at least "
+        "twice as long on PCIe as on NVLink (all but pipeline-parallel and independent) gets "
+        "a scale-up (NVLink / xGMI) rung first; without a pattern, no such rung",
     )
     p.add_argument("--request", metavar="REQ.yaml", help="a scorer request file to read from")
     p.add_argument("--name", default=None, help="template name (default: request name)")
