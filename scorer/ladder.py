@@ -79,6 +79,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from normalize.attribute_names import NVLINK_DOMAIN, XGMI_HIVE
 from normalize.deviceclasses import device_class_name
 
 from .slowdown import PROFILES, stretch
@@ -93,8 +94,6 @@ MAX_CONSTRAINTS = 32
 MAX_CONSTRAINT_REFS = 32
 
 NIC_AFFINITY = "nicAffinity"
-NVLINK_DOMAIN = "nvlinkDomain"
-XGMI_HIVE = "xgmiHive"
 #: Bus bandwidth of a GPU pair without and with a scale-up fabric: NCCL AllReduce across
 #: PCIe GPUs on a two-socket server, 28 GB/s (nccl#1639), and the ring figure on an H100
 #: NVSwitch board, ~370 GB/s (nccl-tests#212); placement-models.md §2.4.
@@ -177,7 +176,8 @@ def ladder_spec(
 ) -> dict[str, Any]:
     """The ResourceClaimSpec of a ladder for ``gpus`` GPUs with ``nics_per_gpu`` NICs each
     (and ``cpu_groups`` CPU-group devices on the first GPU's NUMA node if free); ``scaleup``
-    (:func:`wants_scaleup`) puts a ``scaleup`` rung first for every GPU but the gate."""
+    (:func:`wants_scaleup`) puts a ``scaleup`` rung first: on ``gpu-1``, or on the count
+    ladder's set."""
     if gpus < 1:
         raise ValueError("a ladder needs at least one GPU")
     if nics_per_gpu < 0 or cpu_groups < 0:
