@@ -3,7 +3,9 @@
 It serves the REST paths the ``kubernetes`` Python client calls for Nodes, ResourceSlices,
 ResourceClaims and DeviceClasses (get, list, watch, create, update, patch, delete), counts
 requests per verb, and plays the failures drivers must survive: scripted 409/429/500
-answers and whole outages (connections refused, or 503s).
+answers and whole outages (connections refused, or 503s). A WATCH with
+``sendInitialEvents=true`` is a streaming list only with ``KubeAPIServer(stream_lists=True)``;
+by default the parameter is ignored, as a server without WatchList would.
 
     with KubeAPIServer() as api:
         api.add_node("n1")
