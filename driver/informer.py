@@ -26,16 +26,19 @@ works everywhere, and the test API server does not stream lists). Both paths are
 against the real API server in tests/e2e/test_scorer_informers.py and
 tests/e2e/test_driver_watch.py.
 
-When no answer came because the server was not listening (an API-server restart), the
-informer does not send its retry the moment the port opens again: a just-started
-kube-apiserver accepts connections before it handles requests, holds those it gets, and
-answers them all at once when it starts, some 403 (its RBAC authorizer not synced yet).
-On v1.36.2, idle, requests sent up to 1.5-1.8 s after the port opened were held, and some
-of those sent in the first 1.4 s answered 403; a fleet of 20 drivers settling 1.5-2.5 s
-still met it 4 times in 20 (docs/performance.md). With ``server`` (its URL) given, after
-the backoff the informer checks with a bare TCP connect, no request, that the port
-accepts (every ``probe_s``, jittered, at most ``backoff_max`` in all), and once it does
-after a refusal waits ``settle_s`` (jittered, 0.75-1.25x) before the request.
+When the server went away (connections refused, or the open stream cut: an API-server
+restart; not a timeout), the informer does not send its retry the moment the port opens
+again: a just-started kube-apiserver listens before it handles requests, holds those it
+gets, answers them all at once when it starts, some 403 (its RBAC authorizer not synced
+yet), and goes on answering 403 for a moment. On v1.36.2, idle, requests sent up to
+1.5-1.8 s after the port opened were held and some of them answered 403. A restarted
+server's old process keeps its watches open while it drains (3 s here) after it stopped
+listening, so the cut stream may come after the new one listens: a fleet of 20 drivers
+that waited only after a refusal met the 403 20 times in 20 (docs/performance.md). With
+``server`` (its URL) given, after the backoff the informer checks with a bare TCP
+connect, no request, that the port accepts (every ``probe_s``, jittered, at most
+``backoff_max`` in all), then waits ``settle_s`` (jittered, 0.75-1.25x) before the
+request. After a timeout (a server that accepts and does not answer) it does not wait.
 
 Objects are kept as ``transform(obj)`` (what the reader needs, not 16 KB of slice) under
 ``namespace/name`` (``name`` for cluster-scoped kinds); ``on_event(type, key, old, new)``
@@ -85,19 +88,24 @@ class NoStreamingList(Exception):
     """The server does not stream lists (refused or ignored ``sendInitialEvents``)."""
 
 
-def refused(exc: BaseException) -> bool:
-    """True when ``exc`` (a request's failure) comes from a connection the server refused:
-    nothing listens on its port (it is starting, or stopped), as opposed to a timeout or
-    a broken connection."""
+def timed_out(exc: BaseException) -> bool:
+    """True when ``exc`` (a request's failure) is a timeout: the server accepted and did
+    not answer in time, as opposed to a refused or cut connection (it went away)."""
+    from urllib3.exceptions import NewConnectionError
+    from urllib3.exceptions import TimeoutError as Urllib3Timeout
+
     seen: set[int] = set()
     cur: BaseException | None = exc
+    timeout = False
     while cur is not None and id(cur) not in seen:
-        if isinstance(cur, ConnectionRefusedError):
-            return True
+        # urllib3's NewConnectionError (a refused connection) is a ConnectTimeoutError.
+        if isinstance(cur, NewConnectionError | ConnectionError):
+            return False
+        timeout = timeout or isinstance(cur, TimeoutError | Urllib3Timeout)
         seen.add(id(cur))
         reason = getattr(cur, "reason", None)  # urllib3's MaxRetryError and friends
         cur = reason if isinstance(reason, BaseException) else (cur.__cause__ or cur.__context__)
-    return False
+    return timeout
 
 
 def accepts_connections(url: str, timeout: float = 1.0) -> bool:
@@ -122,8 +130,8 @@ class Informer(Generic[T]):
     ``watch``, ``resource_version``, ``allow_watch_bookmarks`` and ``timeout_seconds``.
     ``selectors``: extra arguments for every call (``field_selector=...``).
     ``stream_lists``: fetch the state again after a 410 by a streaming list (falls back
-    to LIST + WATCH by itself). ``server``: the API server's URL, for the TCP check
-    before a retry after a refused connection (none without it).
+    to LIST + WATCH by itself). ``server``: the API server's URL, for the TCP check and
+    the settle before a retry after the server went away (neither without it).
     """
 
     def __init__(
@@ -263,8 +271,8 @@ class Informer(Generic[T]):
                     self.resource_version or "none: list",
                 )
                 self._stop.wait(delay)
-                if fail.status is None and self.server:
-                    self._await_server(refused(exc))
+                if fail.status is None and self.server and not timed_out(exc):
+                    self._await_server()
 
     def _expired(self) -> None:
         self._list_from = self.resource_version
@@ -275,21 +283,19 @@ class Informer(Generic[T]):
         with a server not known to lack them) rather than a LIST."""
         return self.stream_lists and self._list_from is not None and not self._no_streaming
 
-    def _await_server(self, was_refused: bool) -> None:
-        """After a failure with no answer: until the server's port accepts connections
-        (checked every ``probe_s``, jittered, for at most ``backoff_max``), then, when it
-        had refused them, ``settle_s`` more, so the retry does not reach an API server
-        still syncing its authorizer. A check that never passes (a proxy in between)
-        costs at most ``backoff_max``: the request goes out anyway."""
+    def _await_server(self) -> None:
+        """After the server went away: until its port accepts connections (checked every
+        ``probe_s``, jittered, for at most ``backoff_max``), then ``settle_s`` more, so
+        the retry does not reach an API server still syncing its authorizer. A check
+        that never passes (a proxy in between) costs at most ``backoff_max``: the request
+        goes out anyway."""
         assert self.server is not None
         deadline = time.monotonic() + self.backoff_max
         while not accepts_connections(self.server):
-            was_refused = True
             if self._stop.is_set() or time.monotonic() >= deadline:
                 return
             self._stop.wait(self.probe_s * (0.5 + 0.5 * self.rng.random()))
-        if was_refused:
-            self._stop.wait(self.settle_delay())
+        self._stop.wait(self.settle_delay())
 
     def settle_delay(self) -> float:
         """Seconds between a refusing server accepting connections again and the retry."""

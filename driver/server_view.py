@@ -59,7 +59,8 @@ class ServerView:
         server: str | None = None,
     ) -> None:
         """``server``: the API server's URL, for the informer's check that a server which
-        refused connections accepts them again before it retries (driver/informer.py)."""
+        went away accepts connections again, and its settle, before it retries
+        (driver/informer.py)."""
         self.on_change = on_change
         self.ttl_s = ttl_s
         self.clock = clock

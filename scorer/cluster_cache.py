@@ -292,7 +292,7 @@ class ClusterCache:
         from driver.informer import Informer
 
         core, res = CoreV1Api(client), ResourceV1Api(client)
-        # The API server's URL: after a refused connection each informer waits for its
+        # The API server's URL: after the server went away each informer waits for its
         # port to open, and a moment more, before it retries (driver/informer.py).
         args: dict[str, Any] = {"server": client.configuration.host, **informer_args}
         ours = {"field_selector": f"spec.driver={self.driver}"}

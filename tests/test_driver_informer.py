@@ -1,6 +1,6 @@
 """driver/informer.py against the test API server: after ``410 Gone`` the state comes
 back by a streaming list (one WATCH with ``sendInitialEvents``) where the server has them,
-by LIST + WATCH where it refuses or ignores them; after a refused connection the retry
+by LIST + WATCH where it refuses or ignores them; after the server went away the retry
 waits for the port to open, and a moment more (the window in which a just-started
 kube-apiserver answers 403). The same paths on the real API server:
 tests/e2e/test_driver_watch.py and tests/e2e/test_scorer_informers.py."""
@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from driver.informer import Informer, accepts_connections, refused
+from driver.informer import Informer, accepts_connections, timed_out
 from driver.kube import build_api_client, collection_lister, request_json
 from tests.kubeapi import KubeAPIServer
 from tests.kubelet import wait_for
@@ -187,13 +187,23 @@ def test_after_a_refused_connection_the_retry_waits_for_the_port_and_settles(
     assert inf.failures == 1  # the one refused WATCH; none after
 
 
-def test_refused_tells_a_closed_port_from_other_failures() -> None:
+def test_only_a_timeout_skips_the_settle() -> None:
+    """A refused connection or a cut stream means the server went away (it may be
+    restarting: wait for it, then settle); a timeout means it is there and slow."""
     import urllib3
+    from urllib3.exceptions import ProtocolError, ReadTimeoutError
 
     pool = urllib3.PoolManager(retries=False)
     with KubeAPIServer() as api:
         url = api.url
     with pytest.raises(Exception) as closed:
         pool.request("GET", url + "/version", timeout=1.0)
-    assert refused(closed.value) and not accepts_connections(url)
-    assert not refused(TimeoutError("timed out")) and not refused(RuntimeError("x"))
+    assert not timed_out(closed.value) and not accepts_connections(url)
+    cut = ProtocolError("Response ended prematurely")
+    cut.__context__ = ValueError("invalid literal for int() with base 16: b''")
+    assert not timed_out(cut)
+    assert timed_out(ReadTimeoutError(pool, url, "Read timed out."))
+    assert timed_out(TimeoutError("timed out"))
+    wrapped = RuntimeError("x")
+    wrapped.__cause__ = ReadTimeoutError(pool, url, "Read timed out.")
+    assert timed_out(wrapped)
