@@ -286,6 +286,24 @@ def answers(events: Sequence[Request], start: datetime.datetime, end: datetime.d
     return {"refused": dict(sorted(refused.items())), "streaming_lists": streaming}
 
 
+def state_back(
+    events: Sequence[Request], start: datetime.datetime, end: datetime.datetime
+) -> dict[str, float]:
+    """Seconds from ``start`` until each driver's slice state came back: its first LIST
+    or streaming list of resourceslices answered 200 in [start, end) (mean / max over the
+    drivers that fetched it), how stale the drivers' view was after an API-server
+    restart."""
+    first: dict[str, float] = {}
+    for ev in events:
+        fetch = ev.verb == "list" or ev.streaming
+        if start <= ev.ts < end and ev.resource == "resourceslices" and fetch and ev.code == 200:
+            first.setdefault(ev.node, (ev.ts - start).total_seconds())
+    vals = list(first.values())
+    if not vals:
+        return {}
+    return {"mean_s": round(sum(vals) / len(vals), 2), "max_s": round(max(vals), 2)}
+
+
 def server_counts(cluster: Cluster) -> Counter[tuple[str, str]]:
     """kube-apiserver's apiserver_request_total by (verb, resource), all clients."""
     out: Counter[tuple[str, str]] = Counter()
@@ -456,6 +474,7 @@ def run(args: argparse.Namespace, out: Any = sys.stdout) -> dict[str, Any]:
         phases = [steady, restart, api]
         for p, (start, end) in zip(phases, ((t0, t1), (t2, t3), (t4, t5)), strict=True):
             p.answers = answers(events, start, end)
+            p.answers["state_back"] = state_back(events, start, end)
         print(table(phases, nodes), file=out)
         result = {
             "drivers": len(drivers),
