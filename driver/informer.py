@@ -22,9 +22,9 @@ state, and which then goes on as the watch: one request where LIST + WATCH are t
 server that refuses the parameters (400/422: the feature off), ignores them (it answers
 410 again, or sends no such bookmark within ``initial_events_timeout_s``) gets LIST +
 WATCH, for the rest of the informer's life; the first sync is always a paged LIST (it
-works everywhere, and the test API server does not stream lists). Both paths are counted
-against the real API server in tests/e2e/test_scorer_informers.py and
-tests/e2e/test_driver_watch.py.
+works against every server, and a start is within the fleet's target with it). Both
+paths are counted against the real API server in tests/e2e/test_driver_watch.py and
+tests/e2e/test_scorer_informers.py.
 
 When the server went away (connections refused, or the open stream cut: an API-server
 restart; not a timeout), the informer does not send its retry the moment the port opens
@@ -298,7 +298,8 @@ class Informer(Generic[T]):
         self._stop.wait(self.settle_delay())
 
     def settle_delay(self) -> float:
-        """Seconds between a refusing server accepting connections again and the retry."""
+        """Seconds between a server that went away accepting connections again and the
+        retry."""
         return self.settle_s * (0.75 + 0.5 * self.rng.random())
 
     def backoff(self, attempt: int) -> float:
