@@ -213,6 +213,14 @@ def test_watches_follow_changes_after_an_api_server_restart(cluster: Cluster, se
     poll(lambda: cache.node(GOOD).labels.get(LABEL) == "c", 60, 0.1, "a change after the restart")  # type: ignore[union-attr]
     _claim(cluster, "after-restart", cache.graphs.topology(GOOD).gpus[1].dra_device)  # type: ignore[union-attr]
     poll(lambda: cache.pool_use(GOOD).used, 60, 0.1, "an allocation after the restart")
+    # Each informer waits for the port and settles 2.25-3.75 s (jittered) before it
+    # retries: one that saw no change yet may still be waiting.
+    poll(
+        lambda: all(i.watches > before[i.name][1] and i.synced.is_set() for i in cache.informers),
+        30,
+        0.1,
+        "every informer watching again",
+    )
     after = {i.name: (i.lists, i.watches, i.streamed) for i in cache.informers}
     for name, (lists, watches, streamed) in after.items():
         # The new server's watch cache starts at etcd's current revision: the old version
