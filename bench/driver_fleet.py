@@ -226,7 +226,21 @@ def utcnow() -> datetime.datetime:
 _UA_NODE = re.compile(r"\(node ([^)]+)\)")
 
 
-def audit_events(path: Path) -> list[tuple[datetime.datetime, str, str, str]]:
+@dataclass
+class Request:
+    """One driver request in the audit log."""
+
+    ts: datetime.datetime
+    node: str
+    verb: str
+    resource: str
+    code: int
+    """The answer's HTTP status (200 for a WATCH whose stream started)."""
+    streaming: bool
+    """A WATCH with ``sendInitialEvents=true``: a streaming list."""
+
+
+def audit_events(path: Path) -> list[Request]:
     """(received, node, verb, resource) of each driver request in the audit log, once per
     request (a watch has two stages)."""
     seen: set[str] = set()
@@ -251,8 +265,43 @@ def audit_events(path: Path) -> list[tuple[datetime.datetime, str, str, str]]:
             if ref.get("subresource"):
                 resource += "/" + ref["subresource"]
             ts = datetime.datetime.fromisoformat(ev["requestReceivedTimestamp"])
-            out.append((ts, str(node), str(ev.get("verb")), str(resource)))
+            code = int((ev.get("responseStatus") or {}).get("code") or 0)
+            streaming = "sendInitialEvents=true" in (ev.get("requestURI") or "")
+            out.append(Request(ts, str(node), str(ev.get("verb")), str(resource), code, streaming))
     return out
+
+
+def answers(events: Sequence[Request], start: datetime.datetime, end: datetime.datetime) -> dict:
+    """Over all drivers in [start, end): requests answered 4xx/5xx by (verb, resource,
+    code), and the WATCHes that were streaming lists (``sendInitialEvents=true``). A
+    WATCH from a version the server no longer has is answered 200 with a 410 ERROR event
+    in the stream: it is not among the refused."""
+    refused: Counter[str] = Counter()
+    streaming = 0
+    for ev in events:
+        if start <= ev.ts < end:
+            if ev.code >= 400:
+                refused[f"{ev.verb} {ev.resource} {ev.code}"] += 1
+            streaming += ev.streaming
+    return {"refused": dict(sorted(refused.items())), "streaming_lists": streaming}
+
+
+def state_back(
+    events: Sequence[Request], start: datetime.datetime, end: datetime.datetime
+) -> dict[str, float]:
+    """Seconds from ``start`` until each driver's slice state came back: its first LIST
+    or streaming list of resourceslices answered 200 in [start, end) (mean / max over the
+    drivers that fetched it), how stale the drivers' view was after an API-server
+    restart."""
+    first: dict[str, float] = {}
+    for ev in events:
+        fetch = ev.verb == "list" or ev.streaming
+        if start <= ev.ts < end and ev.resource == "resourceslices" and fetch and ev.code == 200:
+            first.setdefault(ev.node, (ev.ts - start).total_seconds())
+    vals = list(first.values())
+    if not vals:
+        return {}
+    return {"mean_s": round(sum(vals) / len(vals), 2), "max_s": round(max(vals), 2)}
 
 
 def server_counts(cluster: Cluster) -> Counter[tuple[str, str]]:
@@ -275,6 +324,7 @@ class Phase:
     per_minute: bool
     per_driver: dict[str, Counter[tuple[str, str]]] = field(default_factory=dict)
     server: Counter[tuple[str, str]] = field(default_factory=Counter)
+    answers: dict[str, Any] = field(default_factory=dict)
 
     def value(self, counts: Counter[tuple[str, str]], key: tuple[str, str]) -> float:
         n = float(counts.get(key, 0))
@@ -296,14 +346,14 @@ class Phase:
 
 
 def window(
-    events: Sequence[tuple[datetime.datetime, str, str, str]],
+    events: Sequence[Request],
     start: datetime.datetime,
     end: datetime.datetime,
 ) -> dict[str, Counter[tuple[str, str]]]:
     out: dict[str, Counter[tuple[str, str]]] = defaultdict(Counter)
-    for ts, node, verb, res in events:
-        if start <= ts < end:
-            out[node][(verb, res)] += 1
+    for ev in events:
+        if start <= ev.ts < end:
+            out[ev.node][(ev.verb, ev.resource)] += 1
     return dict(out)
 
 
@@ -330,6 +380,9 @@ def table(phases: Sequence[Phase], nodes: Sequence[str]) -> str:
     for res in sorted({r for d in restart for r in d}):
         vals = " | ".join(fmt(d.get(res, 0)) for d in restart)
         lines.append(f"| all verbs on {res} (max per driver) | – | {vals} | ≤ 3 |")
+    lines += ["", "answers refused (all drivers) and streaming lists, per phase"]
+    for p in phases:
+        lines.append(f"  {p.name}: {json.dumps(p.answers)}")
     lines += [
         "",
         "kube-apiserver's apiserver_request_total, all clients (scheduler and "
@@ -402,19 +455,26 @@ def run(args: argparse.Namespace, out: Any = sys.stdout) -> dict[str, Any]:
         except (RuntimeError, TimeoutError) as exc:  # a start hook timed out on a busy machine
             say(f"kube-apiserver did not come back ({str(exc).splitlines()[0]}); once more")
             cluster.restart_apiserver()
+        serving = (utcnow() - t4).total_seconds()
         poll(lambda: all_ready(drivers), 120, 0.5, "every driver ready after the restart")
         back = (utcnow() - t4).total_seconds()
         time.sleep(args.settle)
         t5, s5 = utcnow(), server_counts(cluster)
         api = Phase("apiserver_restart", (t5 - t4).total_seconds(), False)
         api.server = s5  # the new server counts from zero
-        say(f"every driver ready {back:.1f} s after the API-server restart began")
+        say(
+            f"every driver ready {back:.1f} s after the API-server restart began"
+            f" (the new server ready at {serving:.1f} s)"
+        )
 
         events = audit_events(audit)
         steady.per_driver = window(events, t0, t1)
         restart.per_driver = window(events, t2, t3)
         api.per_driver = window(events, t4, t5)
         phases = [steady, restart, api]
+        for p, (start, end) in zip(phases, ((t0, t1), (t2, t3), (t4, t5)), strict=True):
+            p.answers = answers(events, start, end)
+            p.answers["state_back"] = state_back(events, start, end)
         print(table(phases, nodes), file=out)
         result = {
             "drivers": len(drivers),
@@ -423,6 +483,9 @@ def run(args: argparse.Namespace, out: Any = sys.stdout) -> dict[str, Any]:
             "steady_s": round(steady.seconds, 1),
             "driver_restart_s": round(restart.seconds, 1),
             "apiserver_restart_s": round(api.seconds, 1),
+            "apiserver_ready_s": round(serving, 1),
+            "drivers_ready_after_apiserver_restart_s": round(back, 1),
+            "answers": {p.name: p.answers for p in phases},
             "per_driver": {
                 p.name: {
                     f"{v} {r}": round(p.mean_max((v, r), nodes)[1], 3)

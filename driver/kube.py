@@ -266,6 +266,7 @@ _LIST_PARAMS = {
     "_continue": "continue",
     "resource_version": "resourceVersion",
     "resource_version_match": "resourceVersionMatch",
+    "send_initial_events": "sendInitialEvents",
     "allow_watch_bookmarks": "allowWatchBookmarks",
     "timeout_seconds": "timeoutSeconds",
     "watch": "watch",

@@ -43,7 +43,7 @@ from urllib.parse import quote
 from normalize.options import MAX_DEVICES_PER_SLICE
 from normalize.slices import API_VERSION, KIND, slice_name_prefix, split_devices
 
-from .kube import ApiFailure, collection_lister, failure, request_json
+from .kube import ApiFailure, collection_lister, failure, request_json, server_url
 from .resync_loop import Restart, ResyncLoop, WriteError
 from .server_view import ServerView
 
@@ -173,6 +173,7 @@ class SlicePublisher(ResyncLoop):
             backoff_base=backoff_base,
             backoff_max=backoff_max,
             rng=self.rng,
+            server=server_url(client),
         )
 
     def stop(self, timeout: float = 5.0) -> None:

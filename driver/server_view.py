@@ -2,7 +2,8 @@
 writer compares against it instead of listing on every resync.
 
 A :class:`ServerView` runs one :class:`~driver.informer.Informer` (one LIST, then a WATCH
-resumed from its resourceVersion; a relist only on ``410 Gone``) over a collection
+resumed from its resourceVersion; the state again only on ``410 Gone``, by a streaming
+list where the server has them) over a collection
 narrowed by a field selector to this node's objects, and lays the answers to the writer's
 own writes over it until the watch has delivered them: the Go resourceslice controller's
 ``NewIntegerResourceVersionMutationCache`` in small. Without that layer a reconcile right
@@ -55,7 +56,11 @@ class ServerView:
         backoff_max: float = 30.0,
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.monotonic,
+        server: str | None = None,
     ) -> None:
+        """``server``: the API server's URL, for the informer's check that a server which
+        went away accepts connections again, and its settle, before it retries
+        (driver/informer.py)."""
         self.on_change = on_change
         self.ttl_s = ttl_s
         self.clock = clock
@@ -76,6 +81,7 @@ class ServerView:
             backoff_base=backoff_base,
             backoff_max=backoff_max,
             rng=rng,
+            server=server,
         )
         self._started = False
 

@@ -292,7 +292,9 @@ class ClusterCache:
         from driver.informer import Informer
 
         core, res = CoreV1Api(client), ResourceV1Api(client)
-        args: dict[str, Any] = informer_args
+        # The API server's URL: after the server went away each informer waits for its
+        # port to open, and a moment more, before it retries (driver/informer.py).
+        args: dict[str, Any] = {"server": client.configuration.host, **informer_args}
         ours = {"field_selector": f"spec.driver={self.driver}"}
         self.informers = [
             Informer("Node", core.list_node, node_info, on_event=self.on_node, **args),

@@ -296,6 +296,8 @@ class Cluster:
     ) -> None:
         self.dir = dir.resolve()
         self.extra_args = {k: list(v) for k, v in (extra_args or {}).items()}
+        self._restart_args: dict[str, list[str]] = {}
+        """Flags a restart appended, per component (restart_apiserver)."""
         self.assets = assets.resolve()
         self.bin = self.assets / "assets"
         self.pki = self.dir / "pki"
@@ -569,9 +571,16 @@ class Cluster:
         except Exception:
             return False
 
-    def restart_apiserver(self) -> None:
-        """Stop kube-apiserver (SIGTERM, by PID) and start it again on the same port."""
+    def restart_apiserver(self, extra_args: Sequence[str] | None = None) -> None:
+        """Stop kube-apiserver (SIGTERM, by PID) and start it again on the same port;
+        with ``extra_args``, with those flags in place of an earlier restart's (``()``
+        drops them; None keeps them)."""
         self.kill("kube-apiserver")
+        if extra_args is not None:
+            argv = self._argv["kube-apiserver"]
+            before = self._restart_args.get("kube-apiserver", [])
+            self._argv["kube-apiserver"] = [*argv[: len(argv) - len(before)], *extra_args]
+            self._restart_args["kube-apiserver"] = list(extra_args)
         self._launch("kube-apiserver")
         self._wait_ready("kube-apiserver")
 

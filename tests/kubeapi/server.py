@@ -3,7 +3,9 @@
 It serves the REST paths the ``kubernetes`` Python client calls for Nodes, ResourceSlices,
 ResourceClaims and DeviceClasses (get, list, watch, create, update, patch, delete), counts
 requests per verb, and plays the failures drivers must survive: scripted 409/429/500
-answers and whole outages (connections refused, or 503s).
+answers and whole outages (connections refused, or 503s). A WATCH with
+``sendInitialEvents=true`` is a streaming list only with ``KubeAPIServer(stream_lists=True)``;
+by default the parameter is ignored, as a server without WatchList would.
 
     with KubeAPIServer() as api:
         api.add_node("n1")
@@ -32,6 +34,8 @@ from .kubeconfig import write_kubeconfig
 from .selectors import SelectorError
 from .store import RESOURCES, ApiError, Store
 
+#: The annotation on the BOOKMARK that ends a streaming list's initial events.
+INITIAL_EVENTS_END = "k8s.io/initial-events-end"
 WRITE_VERBS = ("create", "update", "patch", "delete")
 _REASONS = {
     400: "BadRequest",
@@ -233,13 +237,27 @@ class _Handler(BaseHTTPRequestHandler):
         )
         deadline = time.monotonic() + min(float(query.get("timeoutSeconds") or 300), 1800)
         start_rv = query.get("resourceVersion") or "0"
+        streaming = api.stream_lists and query.get("sendInitialEvents") == "true"
+        if streaming and query.get("resourceVersionMatch") != "NotOlderThan":
+            msg = "sendInitialEvents requires setting resourceVersionMatch to NotOlderThan"
+            self._error(ApiError(422, "Invalid", msg))
+            return
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
         rv = int(start_rv)
         try:
-            if rv == 0:
+            if streaming:  # WatchList: the state as ADDED events, then the end bookmark
+                items, rv = api.store.select(
+                    resource, namespace, query.get("labelSelector"), query.get("fieldSelector")
+                )
+                for obj in items:
+                    self._chunk(json.dumps({"type": "ADDED", "object": obj}).encode() + b"\n")
+                meta = {"resourceVersion": str(rv), "annotations": {INITIAL_EVENTS_END: "true"}}
+                mark = {"type": "BOOKMARK", "object": {"metadata": meta}}
+                self._chunk(json.dumps(mark).encode() + b"\n")
+            elif rv == 0:
                 items, rv = api.store.select(
                     resource, namespace, query.get("labelSelector"), query.get("fieldSelector")
                 )
@@ -335,8 +353,18 @@ def _slice_normalizer(obj: dict[str, Any]) -> None:
 class KubeAPIServer:
     """The server, its store, its fault plan and its request counters."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, validate: bool = True) -> None:
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        validate: bool = True,
+        stream_lists: bool = False,
+    ) -> None:
+        """``stream_lists``: answer a WATCH with ``sendInitialEvents=true`` as a v1.34+
+        API server does (WatchList). Off, the parameter is ignored, as an older server or
+        one with the feature off would: the informer's fallback to LIST + WATCH."""
         self.host = host
+        self.stream_lists = stream_lists
         self.store = Store(
             {"resourceslices": _slice_validator} if validate else None,
             {"resourceslices": _slice_normalizer},
