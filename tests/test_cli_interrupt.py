@@ -39,6 +39,10 @@ class Terminal:
         self.pid, self.fd = pty.fork()
         if self.pid == 0:  # the child: exec at once (no Python code of the parent's runs)
             os.chdir(tmp)
+            # A terminal's foreground job takes Ctrl-C; a suite started in the background
+            # of a non-interactive shell inherits SIGINT ignored, and Python then installs
+            # no handler for it. Reset it as a login shell would.
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
             os.execve(sys.executable, [*argv, *args], env)
         self.raw = b""
         self.status: int | None = None
