@@ -192,8 +192,8 @@ def ladder_spec(
     numa_refs: list[str] = []
     # Two constraints per pair (three when a chosen pair shares another attribute; one for
     # the gate), two distinctAttribute over the paired GPUs, one for CPUs.
-    nvl = scaleup and gpus > 1
-    nvl_sel = [*gpu_selectors, scaleup_expression(driver)]
+    nvl = scaleup and gpus > 1  # a set of one GPU has no fabric to prefer
+    up_sel = [*gpu_selectors, scaleup_expression(driver)]
     pair_constraints = 2 * gpus + (gpus if chosen else 0) + 1 + (1 if cpu_groups else 0)
     paired = nics_per_gpu > 0 and 2 * gpus + (1 if cpu_groups else 0) <= MAX_REQUESTS
     paired = paired and pair_constraints <= MAX_CONSTRAINTS and "paired" not in drop
@@ -239,7 +239,7 @@ def ladder_spec(
             # NVLink or xGMI ranks above one without (prioritized_score) and pairs as
             # well. One such rung ranks the node; each more would be one more scan of
             # every node without the fabric (a sub-request's selector results are its own).
-            up = nvl and not any(r.endswith("/scaleup") for r in paired_gpus)
+            up = nvl and n_paired == 0
             rungs = [f"{g}/scaleup", f"{g}/paired"] if up else [f"{g}/paired"]
             pair_refs: dict[str, list[str]] = {affinity: list(rungs)}
             forbid = list(rungs)
@@ -251,7 +251,7 @@ def ladder_spec(
                     pair_refs.setdefault(attr, []).append(f"{g}/chosen")
                     forbid.append(f"{g}/chosen")
             if up:
-                subs.append(_sub("scaleup", gcls, 1, nvl_sel))
+                subs.append(_sub("scaleup", gcls, 1, up_sel))
             subs += [_sub(rung, gcls, 1, gpu_selectors) for rung in PAIR_RUNGS]
             paired_gpus += rungs
             n_paired += 1
@@ -277,7 +277,7 @@ def ladder_spec(
                 _sub("chosen", gcls, gpus, [*gpu_selectors, pin_expression(chosen.gpu_bus_ids)])
             )
         if nvl and "scaleup" not in drop:
-            subs.append(_sub("scaleup", gcls, gpus, nvl_sel))
+            subs.append(_sub("scaleup", gcls, gpus, up_sel))
         for rung, attr in SET_RUNGS:
             if rung in drop or (attr is not None and gpus == 1):
                 continue  # one GPU: a set constraint would only demand the attribute
