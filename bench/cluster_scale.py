@@ -301,12 +301,9 @@ def node_names(n: int) -> list[tuple[str, str]]:
 @functools.cache
 def _machine_labels(machine: str) -> tuple[tuple[str, str], ...]:
     from normalize.node_feature import PREFIX, topology_labels
-    from toposlice.sources import add_source_args, load_inventory
+    from toposlice.discover import discover
 
-    parser = argparse.ArgumentParser()
-    add_source_args(parser)
-    inv = load_inventory(parser.parse_args(["--fake", machine]))
-    labels = topology_labels(inv, "node-name-placeholder")
+    labels = topology_labels(discover("/", fake=machine), "node-name-placeholder")
     return tuple(sorted((f"{PREFIX}/{k}", v) for k, v in labels.items()))
 
 
