@@ -279,12 +279,17 @@ def ladder_spec(
         if nvl and "scaleup" not in drop:
             subs.append(_sub("scaleup", gcls, gpus, up_sel))
         for rung, attr in SET_RUNGS:
-            if rung in drop or (attr is not None and gpus == 1):
+            if rung in drop or (attr is not None and gpus == 1 and not cpu_groups):
                 continue  # one GPU: a set constraint would only demand the attribute
             subs.append(_sub(rung, gcls, gpus, gpu_selectors))
-            if attr is not None:
+            if attr is None:
+                continue
+            if gpus > 1:
                 constraints.append({"requests": [f"gpus/{rung}"], "matchAttribute": attr})
-                numa_refs.append(f"gpus/{rung}")
+            # One GPU keeps its `numa` rung only for the CPU constraint to name: the rung
+            # aligns the CPU group with it, and a GPU without a NUMA node (a cloud VM's)
+            # fails it and takes `any`, with the CPU group left unaligned.
+            numa_refs.append(f"gpus/{rung}")
         requests.append({"name": "gpus", "firstAvailable": subs[:MAX_SUBREQUESTS]})
         if nics_per_gpu:
             requests.append({"name": "nics", "exactly": _exact(ncls, gpus * nics_per_gpu)})

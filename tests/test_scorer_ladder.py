@@ -368,3 +368,34 @@ def test_claim_command_json_memory_and_errors(capsys: pytest.CaptureFixture[str]
     assert "--gpus: '0': give a number in 1..64" in capsys.readouterr().err
     assert main(["claim"]) == 2
     assert "--gpus" in capsys.readouterr().err
+
+
+def _numa(name: str, device: str) -> Any:
+    return _attr(name, device, "resource.kubernetes.io/numaNode")
+
+
+def test_one_gpu_with_a_cpu_group_takes_the_gpus_numa_node() -> None:
+    spec = ladder_spec(1, 0, DRIVER, cpu_groups=1)
+    alloc = _alloc("dgx-h100")
+    gpus = [d["name"] for sl in machine("dgx-h100").slices for d in sl["spec"]["devices"]]
+    numa0 = [g for g in gpus if g.startswith("gpu-") and _numa("dgx-h100", g) == 0]
+    assert numa0
+    # NUMA node 0's GPUs taken: the CPU group follows the GPU to node 1 (first fit alone
+    # would take cpu-numa0, the first CPU group).
+    got = alloc.allocate(spec, _busy("dgx-h100", numa0))
+    assert got is not None
+    devs = {r.request.split("/")[0]: r.device for r in got}
+    assert _numa("dgx-h100", devs["gpus"]) == 1
+    assert devs["cpu"] == "cpu-numa1"
+    assert rung_of([r.request for r in got]) == {"gpus": "numa", "cpu": "numa"}
+    # The GPU's own group taken: a group elsewhere, on the looser rung.
+    got = alloc.allocate(spec, _busy("dgx-h100", [*numa0, "cpu-numa1"]))
+    assert got is not None
+    assert rung_of([r.request for r in got])["cpu"] == "any"
+
+
+def test_one_gpu_without_a_numa_node_still_gets_its_cpu_group() -> None:
+    got = _alloc("cloud-vm-1gpu").allocate(ladder_spec(1, 0, DRIVER, cpu_groups=1))
+    assert got is not None
+    assert rung_of([r.request for r in got])["gpus"] == "any"
+    assert {r.request.split("/")[0] for r in got} == {"gpus", "cpu"}
