@@ -169,7 +169,7 @@ def test_schema_violation_is_refused_with_the_key(
 def test_device_classes_are_the_normalize_ones(driver: str) -> None:
     rendered = [o for o in render({"driverName": driver}) if o["kind"] == "DeviceClass"]
     want = device_classes(driver)
-    assert len(rendered) == len(want) == len(DEVICE_KINDS)
+    assert len(rendered) == len(want) == len(DEVICE_KINDS) + 1
     for got, exp in zip(rendered, want, strict=True):
         assert got["apiVersion"] == exp["apiVersion"] and got["kind"] == exp["kind"]
         assert got["metadata"]["name"] == exp["metadata"]["name"]
@@ -179,7 +179,7 @@ def test_device_classes_are_the_normalize_ones(driver: str) -> None:
 def test_device_classes_follow_publish_and_observe() -> None:
     beside = render({"publish": ["nic", "cpu"]})
     names = [o["metadata"]["name"] for o in beside if o["kind"] == "DeviceClass"]
-    assert names == ["nic.toposlice.dev", "cpu.toposlice.dev"]
+    assert names == ["nic.toposlice.dev", "cpu.toposlice.dev", "device.toposlice.dev"]
     assert not [o for o in render({"observe": True}) if o["kind"] == "DeviceClass"]
 
 

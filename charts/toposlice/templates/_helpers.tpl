@@ -67,7 +67,11 @@ app.kubernetes.io/component: {{ .component }}
 
 {{/* The DeviceClass CEL selector; must equal normalize/deviceclasses.py (a test compares). */}}
 {{- define "toposlice.deviceClassSelector" -}}
+{{- if eq .kind "device" }}
+{{- printf "device.driver == %q" .driver }}
+{{- else }}
 {{- printf "device.driver == %q && device.attributes[%q].type == %q" .driver .driver .kind }}
+{{- end }}
 {{- end }}
 
 {{/* KubeSchedulerConfiguration that calls the scorer as an extender. */}}
