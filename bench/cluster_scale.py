@@ -35,8 +35,14 @@ A kind whose pods do not all bind within --run-timeout seconds (or with no bind 
 run takes /tmp/toposlice-heavy.lock (flock) for its whole length (under `flock` on the same
 file it uses the descriptor it inherits).
 
+`--profile DIR` also records kube-scheduler's CPU profile (/debug/pprof) of each kind's run
+and prints the CPU the DynamicResources Filter took per bound pod, over every node and
+retry, and the share of it in CEL selector evaluation: a cost figure that, unlike the
+sampled Filter histogram, weighs nodes by how often they are filtered.
+
 Usage: python3 bench/cluster_scale.py --nodes 1000 [--claims both] [--pods 100]
   [--pods-full 50] [--fill 0,90] [--kinds a,b] [--default-limits] [--json FILE]
+  [--profile DIR]
 """
 
 from __future__ import annotations
@@ -76,6 +82,7 @@ if str(REPO) not in sys.path:
 import urllib3  # noqa: E402
 import yaml  # noqa: E402
 
+from bench import pprof  # noqa: E402
 from bench.stats import pct  # noqa: E402
 from tests.e2e.cluster import SKIP_REASON, Cluster, find_assets, node_object  # noqa: E402
 
@@ -464,6 +471,11 @@ class KindResult:
     filter_fail_ms: float | None
     filter_samples: int
     allocations: list[dict[str, Any]] = field(default_factory=list)
+    #: With ``--profile``: kube-scheduler's CPU ms in DynamicResources Filter per bound pod
+    #: (every node and retry of the kind's run, from its CPU profile), and the share of it
+    #: spent evaluating CEL selectors.
+    filter_cpu_ms_per_pod: float | None = None
+    cel_share: float | None = None
 
 
 FILTER_SAMPLE = re.compile(
@@ -540,6 +552,61 @@ class BindWatch:
         self.pool.clear()
 
 
+#: Frames of kube-scheduler's CPU profile: the DRA plugin's Filter, and the allocator's CEL
+#: selector evaluation inside it (any allocator variant: stable, incubating, experimental).
+FILTER_FRAME = "dynamicresources.(*DynamicResources).Filter"
+CEL_FRAME = ".(*allocator).isSelectable"
+
+
+class SchedProfile:
+    """Back-to-back CPU profiles of kube-scheduler (``/debug/pprof/profile``, 2 s each)
+    while a kind runs, kept under ``dir`` as ``<stem>-<i>.pb.gz``; Go serves one profile at
+    a time, so the run is covered but for the few milliseconds between requests."""
+
+    SECONDS = 2
+
+    def __init__(self, api: Api, dir: Path, stem: str) -> None:
+        self.api, self.dir, self.stem = api, dir, stem
+        self.parts: list[bytes] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        url = f"{self.api.sched_url}/debug/pprof/profile?seconds={self.SECONDS}"
+        while not self.stop.is_set():
+            try:
+                resp = self.api.sched.request("GET", url, timeout=self.SECONDS + 30)
+            except urllib3.exceptions.HTTPError:
+                time.sleep(0.5)
+                continue
+            if resp.status != 200:
+                return  # not served (profiling off, not authorized): no figures, no retry
+            self.parts.append(resp.data)
+
+    def finish(self) -> tuple[float | None, float | None, float]:
+        """(Filter CPU seconds, CEL CPU seconds, profiled seconds); None without profiles."""
+        self.stop.set()
+        self.thread.join(timeout=self.SECONDS + 35)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        for i, data in enumerate(self.parts):
+            tmp = self.dir / f".{self.stem}-{i}.tmp"
+            tmp.write_bytes(data)
+            tmp.replace(self.dir / f"{self.stem}-{i}.pb.gz")
+        if not self.parts:
+            return None, None, 0.0
+        stacks = pprof.merge(pprof.parse(d) for d in self.parts)
+        return (
+            stacks.seconds_under(FILTER_FRAME),
+            stacks.seconds_under(CEL_FRAME),
+            len(self.parts) * float(self.SECONDS),
+        )
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-")
+
+
 def run_kind(
     api: Api,
     kind: str,
@@ -552,9 +619,11 @@ def run_kind(
     stall: float,
     scheduler_name: str | None = None,
     affinity: Mapping[str, Any] | None = None,
+    profile_dir: Path | None = None,
 ) -> KindResult:
     """``scheduler_name``: the pods' schedulerName (None: the default profile);
-    ``affinity``: the pods' affinity (the example Pod's)."""
+    ``affinity``: the pods' affinity (the example Pod's); ``profile_dir``: record
+    kube-scheduler's CPU profile of the run there (:class:`SchedProfile`)."""
     run = uuid.uuid4().hex[:8]
     label = f"bench-run={run}"
     ns = NAMESPACE
@@ -594,6 +663,8 @@ def run_kind(
         api.call("POST", f"/api/v1/namespaces/{ns}/pods", body)
         created[name] = time.monotonic()
 
+    stem = f"fill{fill_pct}-{limits}-{slug(kind)}-{claims}"
+    prof = SchedProfile(api, profile_dir, stem) if profile_dir else None
     t0 = time.monotonic()
     parallel(pod, names)
     last_progress, seen = time.monotonic(), 0
@@ -606,6 +677,7 @@ def run_kind(
         if n >= pods or now - t0 > run_timeout or now - last_progress > stall:
             break
     watch.close()
+    filter_cpu, cel_cpu, _ = prof.finish() if prof else (None, None, 0.0)
     after = dra_filter(api.metrics())
     with watch.lock:
         bound = dict(watch.bound)
@@ -638,6 +710,10 @@ def run_kind(
         filter_fail_ms=round(1000 * fail_s / fail_n, 3) if fail_n else None,
         filter_samples=int(tot_n),
         allocations=allocations,
+        filter_cpu_ms_per_pod=(
+            round(1000 * filter_cpu / len(bound), 2) if filter_cpu is not None and bound else None
+        ),
+        cel_share=round(cel_cpu / filter_cpu, 3) if cel_cpu is not None and filter_cpu else None,
     )
 
 
@@ -697,6 +773,7 @@ class Plan:
     default_limits: bool
     default_kinds: tuple[str, ...] = ("gpus-2-nics-ladder",)
     extra: dict[str, dict[str, Any]] = field(default_factory=dict)
+    profile_dir: Path | None = None
 
 
 Kind = tuple[str, str, dict[str, Any], dict[str, Any] | None]
@@ -814,6 +891,7 @@ def run(plan: Plan, out: Any = sys.stdout) -> list[KindResult]:
                         plan.run_timeout,
                         plan.stall,
                         affinity=affinity,
+                        profile_dir=plan.profile_dir,
                     )
                     results.append(r)
                     print(progress_line(r), file=out, flush=True)
@@ -845,6 +923,7 @@ def run(plan: Plan, out: Any = sys.stdout) -> list[KindResult]:
                         plan.run_timeout,
                         plan.stall,
                         affinity=affinity,
+                        profile_dir=plan.profile_dir,
                     )
                     results.append(r)
                     print(progress_line(r), file=out, flush=True)
@@ -868,6 +947,11 @@ def progress_line(r: KindResult) -> str:
         f"  {r.kind:<48} {r.claims:<5} {r.bound:>4}/{r.pods:<4} {r.pods_per_s:>6.2f}/s "
         f"p50 {fmt(r.p50_s)} p99 {fmt(r.p99_s)} filter {fmt(r.filter_ms, 2)} ms "
         f"(fail {fmt(r.filter_fail_ms, 2)}, n={r.filter_samples})"
+        + (
+            f" cpu {r.filter_cpu_ms_per_pod:.1f} ms/pod (CEL {100 * (r.cel_share or 0):.0f} %)"
+            if r.filter_cpu_ms_per_pod is not None
+            else ""
+        )
     )
 
 
@@ -950,6 +1034,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     ap.add_argument("--json", default=None, help="also write the results here")
     ap.add_argument(
+        "--profile",
+        default=None,
+        metavar="DIR",
+        help="record kube-scheduler's CPU profile of each kind's run in DIR and print its "
+        "DynamicResources Filter CPU per pod and CEL share (bench/pprof.py reads them)",
+    )
+    ap.add_argument(
         "--extra", default=None, metavar="FILE", help="more kinds: JSON {name: claim spec}"
     )
     ap.add_argument("--freeze", action="store_true", help="rewrite the frozen old claims")
@@ -979,6 +1070,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         default_limits=args.default_limits is not None,
         default_kinds=tuple((args.default_limits or "").split(",")),
         extra=json.loads(Path(args.extra).read_text()) if args.extra else {},
+        profile_dir=Path(args.profile) if args.profile else None,
     )
     # SIGTERM (a timeout, a CI cancel) unwinds like ^C, so the control plane is stopped.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
