@@ -22,7 +22,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from google.protobuf import descriptor_pb2, descriptor_pool, message, message_factory
 
 _F = descriptor_pb2.FieldDescriptorProto
 
@@ -109,11 +109,15 @@ class Stacks:
 
 
 def parse(data: bytes) -> Stacks:
-    """One profile (gzipped or not) -> its stacks. The last sample value is CPU ns."""
-    if data[:2] == b"\x1f\x8b":
-        data = gzip.decompress(data)
-    prof = _PROFILE()
-    prof.ParseFromString(data)
+    """One profile (gzipped or not) -> its stacks. The last sample value is CPU ns.
+    Raises ValueError on what is not a profile."""
+    try:
+        if data[:2] == b"\x1f\x8b":
+            data = gzip.decompress(data)
+        prof = _PROFILE()
+        prof.ParseFromString(data)
+    except (OSError, EOFError, message.DecodeError) as e:
+        raise ValueError(f"not a pprof profile: {e}") from None
     strings = list(prof.string_table)
     fname = {f.id: strings[f.name] if 0 <= f.name < len(strings) else "?" for f in prof.function}
     loc = {lo.id: tuple(fname.get(ln.function_id, "?") for ln in lo.line) for lo in prof.location}
