@@ -990,6 +990,43 @@ def table(results: Sequence[KindResult]) -> str:
     return "\n".join(lines)
 
 
+def cpu_table(results: Sequence[KindResult]) -> str:
+    """With ``--profile``: per fill and limits, the Filter CPU per bound pod of each kind
+    (today's and new) with its ratio to the plain count of as many GPUs, and the CEL share."""
+    lines: list[str] = []
+    groups = sorted({(r.limits, r.fill) for r in results}, key=lambda x: (x[0] != "raised", x[1]))
+    for limits, fill_pct in groups:
+        rs = [r for r in results if r.fill == fill_pct and r.limits == limits]
+        plain = {r.gpus: r for r in rs if r.claims == "plain"}
+        lines += [
+            "",
+            f"fill {fill_pct}%, client limits {limits}: kube-scheduler CPU in DynamicResources "
+            "Filter, ms per bound pod (x plain), CEL share",
+        ]
+        head = f"{'claim':<48} {'devs':>4} | {'today':<22} | {'new':<22}"
+        lines += [head, "-" * len(head)]
+
+        def c(r: KindResult | None, base: KindResult | None) -> str:
+            if r is None or r.filter_cpu_ms_per_pod is None:
+                return "-"
+            out = f"{r.filter_cpu_ms_per_pod:.0f}"
+            if base and base.filter_cpu_ms_per_pod and r is not base:
+                out += f" ({r.filter_cpu_ms_per_pod / base.filter_cpu_ms_per_pod:.1f})"
+            return out + f" {100 * (r.cel_share or 0):.0f}%"
+
+        for k in dict.fromkeys(r.kind for r in rs):
+            cells = {r.claims: r for r in rs if r.kind == k}
+            g = next(iter(cells.values())).gpus
+            base = plain.get(g)
+            if "plain" in cells:
+                before = after = cells["plain"]
+            else:
+                before = cells.get("old") or cells.get("same")
+                after = cells.get("new") or cells.get("same")
+            lines.append(f"{k:<48} {g:>4} | {c(before, base):<22} | {c(after, base):<22}")
+    return "\n".join(lines)
+
+
 def cell(r: KindResult | None, base: KindResult | None) -> str:
     if r is None:
         return "-"
@@ -1081,6 +1118,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         results = run(plan)
         load1 = os.getloadavg()[0]
     print(table(results))
+    if any(r.filter_cpu_ms_per_pod is not None for r in results):
+        print(cpu_table(results))
     print(
         f"\n# {time.monotonic() - t0:.0f}s in all (lock held); "
         f"1-minute load average {load0:.1f} at the start, {load1:.1f} at the end"

@@ -119,3 +119,22 @@ def test_slices_are_what_the_cli_prints(scale: tuple[cs.Api, cs.Populated]) -> N
     labels = {k: v for k, v in node["metadata"]["labels"].items() if k.startswith("toposlice.")}
     assert labels == cs.node_labels(name, machine) and labels["toposlice.dev/gpu.count"] == "8"
     assert Path(cs.OLD_CLAIMS).is_file()
+
+
+def test_profile_of_a_kind_splits_filter_cpu(
+    scale: tuple[cs.Api, cs.Populated], tmp_path: Path
+) -> None:
+    """``--profile``: the real kube-scheduler's CPU profile of a run, kept on disk, gives the
+    DynamicResources Filter CPU per bound pod and the CEL share inside it."""
+    api, _ = scale
+    spec = cs.new_claims()["whole-node"]
+    r = cs.run_kind(api, "whole-node", "new", spec, 4, 0, "raised", 60, 15, profile_dir=tmp_path)
+    assert r.bound == 4
+    files = sorted(tmp_path.glob("fill0-raised-whole-node-new-*.pb.gz"))
+    assert files and not list(tmp_path.glob(".*.tmp"))
+    assert r.filter_cpu_ms_per_pod is not None and r.filter_cpu_ms_per_pod > 0
+    assert r.cel_share is not None and 0 < r.cel_share <= 1
+    whole = cs.pprof.merge(cs.pprof.parse(f.read_bytes()) for f in files)
+    assert whole.seconds_under(cs.FILTER_FRAME) * 1000 / r.bound == pytest.approx(
+        r.filter_cpu_ms_per_pod, rel=0.01
+    )
