@@ -120,8 +120,8 @@ def search_cost(
     used = set(in_use)
     members: list[list[Any]] = [[] for _ in cons]  # per constraint: values of added devices
 
-    def selectable(ri: int, si: int, di: int) -> bool:
-        key = (ri, si, di)
+    def selectable(ri: int, si: int, di: int, key_si: int | None = None) -> bool:
+        key = (ri, si if key_si is None else key_si, di)
         if key not in cache:
             _, csel, sel, _, _ = reqs[ri][si]
             ok = True
@@ -164,7 +164,7 @@ def search_cost(
             return True
         name, _, _, mode, count = reqs[ri][si]
         if mode == "All":
-            picked = [di for di in range(len(devs)) if selectable(ri, si, di)]
+            picked = every[(ri, si)]
             if not picked or any(devs[di]["name"] in used for di in picked):
                 return False
             n = 0
@@ -198,6 +198,18 @@ def search_cost(
             return True
         return any(one(ri, si, 0) for si in range(len(reqs[ri])))
 
+    # Before the search, upstream validates every request: an `All` request or sub-request
+    # has its selectors run on every device of the node, in use or not, and keeps the
+    # matches; then the cache is dropped. A sub-request is validated under the key of the
+    # one before it (v1.36's loop sets the index after the call), so the second of two
+    # `All` sub-requests reads the first one's results.
+    every: dict[tuple[int, int], list[int]] = {}
+    for ri, alts in enumerate(reqs):
+        for si, alt in enumerate(alts):
+            if alt[3] == "All":
+                key_si = max(si - 1, 0)
+                every[(ri, si)] = [di for di in range(len(devs)) if selectable(ri, si, di, key_si)]
+    cache.clear()
     try:
         cost.ok = request(0)
     except _Cap:

@@ -84,3 +84,25 @@ def test_a_kind_whose_affinity_changed_runs_old_and_new(tmp_path: Any) -> None:
     cs.freeze(frozen, "test")
     assert cs.old_affinities(frozen) == cs.example_affinities()
     assert cs.old_claims(frozen) == cs.new_claims()
+
+
+def test_all_requests_are_validated_on_every_device_before_the_search(
+    classes: dict[str, Any],
+) -> None:
+    """Upstream runs an ``All`` request's selectors on every device of the node before it
+    searches, in use or not, and for every such request even when the first cannot be met:
+    three per-kind ``All`` requests cost three scans where the one over
+    ``device.toposlice.dev`` costs one (the real scheduler's CPU profile agrees:
+    docs/performance.md)."""
+    slices = ac.machine_slices()["dgx-h100"]
+    n = sum(len(s["spec"]["devices"]) for s in slices)
+    old = cs.old_claims()["whole-node"]  # three All requests, one per kind
+    new = cs.new_claims()["whole-node"]
+    gpu0 = next(
+        d["name"] for s in slices for d in s["spec"]["devices"] if d["name"].startswith("gpu-")
+    )
+    for busy in (set(), {gpu0}):
+        got_old = ac.search_cost(old, slices, busy, classes)
+        got_new = ac.search_cost(new, slices, busy, classes)
+        assert got_old.cel == 3 * n and got_new.cel == n
+        assert got_old.ok == got_new.ok == (not busy)
