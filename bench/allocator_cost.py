@@ -94,8 +94,12 @@ def search_cost(
     slices: Sequence[Mapping[str, Any]],
     in_use: set[str],
     classes: Mapping[str, Mapping[str, Any]],
+    shared_cache: bool = False,
 ) -> Cost:
-    """The upstream search on one node's pool, counted."""
+    """The upstream search on one node's pool, counted. ``shared_cache``: CEL results
+    cached per selector list and device instead of per (sub-)request and device (not what
+    v1.36 does: what sub-requests with the same class and selectors would cost if they
+    shared their results)."""
     devs = [d for s in slices for d in s["spec"]["devices"]]
     envs = [device_env(d, DRIVER) for d in devs]
     attrs = [e.attributes for e in envs]
@@ -116,14 +120,16 @@ def search_cost(
         distinct = "distinctAttribute" in c
         cons.append((refs, c["distinctAttribute"] if distinct else c["matchAttribute"], distinct))
     cost = Cost()
-    cache: dict[tuple[int, int, int], bool] = {}
+    cache: dict[tuple[Any, ...], bool] = {}
     used = set(in_use)
     members: list[list[Any]] = [[] for _ in cons]  # per constraint: values of added devices
 
     def selectable(ri: int, si: int, di: int, key_si: int | None = None) -> bool:
-        key = (ri, si if key_si is None else key_si, di)
+        _, csel, sel, _, _ = reqs[ri][si]
+        key: tuple[Any, ...] = (ri, si if key_si is None else key_si, di)
+        if shared_cache:
+            key = (tuple(csel), tuple(sel), di)
         if key not in cache:
-            _, csel, sel, _, _ = reqs[ri][si]
             ok = True
             for e in csel + sel:  # class selectors first, then the request's; stop at false
                 cost.cel += 1
@@ -309,6 +315,7 @@ def pod_cost(
     classes: Mapping[str, Mapping[str, Any]],
     n: int = 1000,
     affinity: Mapping[str, Any] | None = None,
+    shared_cache: bool = False,
 ) -> PodCost:
     """Expected CEL evaluations per pod on an N-node cluster of ``states``: the scheduler
     filters nodes until nodes_to_find(N) passed every filter (or all N), so a kind that
@@ -318,7 +325,7 @@ def pod_cost(
     for w, sl, busy, labels in states:
         if not admits(affinity, labels):
             continue
-        c = search_cost(spec, sl, busy, classes)
+        c = search_cost(spec, sl, busy, classes, shared_cache)
         reached += w
         cel += w * c.cel
         feasible += w * (1.0 if c.ok else 0.0)
@@ -342,7 +349,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="K",
         help="model each NUMA node's CPU group at position K of its node's devices",
     )
+    ap.add_argument(
+        "--shared-cache",
+        action="store_true",
+        help="model an allocator that caches CEL results per selector list and device, so "
+        "rungs with the same class and selectors share them (v1.36 caches per sub-request)",
+    )
     args = ap.parse_args(argv)
+    shared = args.shared_cache
     classes = {c["metadata"]["name"]: c for c in device_classes(DRIVER)}
     sets = []
     affinities: dict[str, dict[str, dict[str, Any]]] = {
@@ -381,7 +395,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if not admits(affinity, labels):
                     cells.append("-")
                     continue
-                c = search_cost(spec, sl, busy, classes)
+                c = search_cost(spec, sl, busy, classes, shared)
                 mark = ">" if c.capped else ("" if c.ok else "x")
                 cells.append(f"{mark}{c.cel}/{c.tries}")
             print(f"{name:<48} {label:<5} " + " ".join(f"{x:>18}" for x in cells))
@@ -399,12 +413,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows += [
             (k, label, s[k]) for k in kinds for label, s in sets if k in s and gpus_of(s[k]) == g
         ]
-        base = {f: pod_cost(rows[0][2], states[f], classes, args.nodes) for f in fills}
+        base = {
+            f: pod_cost(rows[0][2], states[f], classes, args.nodes, None, shared) for f in fills
+        }
         for name, label, spec in rows:
             cells = []
             affinity = affinities.get(label, {}).get(name)
             for f in fills:
-                pc = pod_cost(spec, states[f], classes, args.nodes, affinity)
+                pc = pod_cost(spec, states[f], classes, args.nodes, affinity, shared)
                 ratio = pc.evaluations / base[f].evaluations if base[f].evaluations else 0.0
                 cells.append(
                     f"{pc.evaluations:7.0f} ({ratio:4.1f}) {pc.nodes:5.0f} {pc.feasible:5.0%}"
