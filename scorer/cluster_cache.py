@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from normalize.deviceclasses import device_class_name
+from normalize.deviceclasses import ANY_KIND, device_class_name
 
 from .graph_source import GraphSource
 from .request import BOUND_ANNOTATION
@@ -79,6 +79,7 @@ CHANGES_KEPT = 100_000
 def claim_counts(spec: dict[str, Any], driver: str) -> tuple[int, int]:
     """(GPUs, NICs) a ResourceClaimSpec asks from this driver's classes."""
     gpu_cls, nic_cls = device_class_name("gpu", driver), device_class_name("nic", driver)
+    any_cls = device_class_name(ANY_KIND, driver)
     gpus = nics = 0
     for r in (spec.get("devices") or {}).get("requests") or []:
         body = r.get("exactly") or ((r.get("firstAvailable") or [None])[0]) or {}
@@ -89,6 +90,10 @@ def claim_counts(spec: dict[str, Any], driver: str) -> tuple[int, int]:
             gpus += count
         elif body.get("deviceClassName") == nic_cls:
             nics += count
+        elif body.get("deviceClassName") == any_cls and all_mode:
+            # Every device of the node (examples/whole-node.yaml): a GPU and a NIC at
+            # least, as the per-kind All requests it replaced were counted.
+            gpus, nics = gpus + 1, nics + 1
     return gpus, nics
 
 

@@ -22,9 +22,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from driver.http_server import HttpServer
-from scorer.cluster_cache import ClusterCache
+from scorer.cluster_cache import ClusterCache, claim_counts
 from scorer.extender import Extender, wire_field
 from scorer.extender_server import ExtenderServer
 from scorer.graph_source import GraphSource
@@ -515,3 +516,20 @@ def test_prioritize_checks_label_constraints_on_the_node_objects_sent() -> None:
     assert ext.filter(args)["Nodes"]["items"][0]["metadata"]["name"] == "node-b"
     scores = {p["Host"]: p["Score"] for p in ext.prioritize(args)}
     assert scores["node-b"] > 0 and scores["node-a"] == 0
+
+
+def test_claim_counts_of_the_examples() -> None:
+    """What the extender reads off a claim: GPUs and NICs of this driver's classes, an
+    ``All`` request at least one; the whole-node example's one request over every device
+    counts as the per-kind ``All`` requests it replaced did."""
+    repo = Path(__file__).resolve().parent.parent
+    want = {
+        "whole-node": (1, 1),
+        "gpus-2-nics-ladder": (2, 2),
+        "gpus-cpu-same-numa": (2, 0),
+        "gpus-8-else-4": (8, 0),
+    }
+    for name, counts in want.items():
+        docs = yaml.safe_load_all((repo / "examples" / f"{name}.yaml").read_text())
+        (t,) = [d for d in docs if d and d["kind"] == "ResourceClaimTemplate"]
+        assert claim_counts(t["spec"]["spec"], "toposlice.dev") == counts, name
