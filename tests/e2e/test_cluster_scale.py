@@ -121,6 +121,7 @@ def test_slices_are_what_the_cli_prints(scale: tuple[cs.Api, cs.Populated]) -> N
     assert Path(cs.OLD_CLAIMS).is_file()
 
 
+@pytest.mark.filterwarnings("ignore::urllib3.exceptions.InsecureRequestWarning")
 def test_profile_of_a_kind_splits_filter_cpu(
     scale: tuple[cs.Api, cs.Populated], tmp_path: Path
 ) -> None:
