@@ -84,6 +84,7 @@ import yaml  # noqa: E402
 
 from bench import pprof  # noqa: E402
 from bench.stats import pct  # noqa: E402
+from driver.atomic import write_atomic  # noqa: E402
 from tests.e2e.cluster import SKIP_REASON, Cluster, find_assets, node_object  # noqa: E402
 
 DRIVER = "toposlice.dev"
@@ -590,9 +591,7 @@ class SchedProfile:
         self.thread.join(timeout=self.SECONDS + 35)
         self.dir.mkdir(parents=True, exist_ok=True)
         for i, data in enumerate(self.parts):
-            tmp = self.dir / f".{self.stem}-{i}.tmp"
-            tmp.write_bytes(data)
-            tmp.replace(self.dir / f"{self.stem}-{i}.pb.gz")
+            write_atomic(self.dir / f"{self.stem}-{i}.pb.gz", data)
         if not self.parts:
             return None, None, 0.0
         stacks = pprof.merge(pprof.parse(d) for d in self.parts)
