@@ -70,7 +70,7 @@ import threading
 import time
 import uuid
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -585,21 +585,17 @@ class SchedProfile:
                 return  # not served (profiling off, not authorized): no figures, no retry
             self.parts.append(resp.data)
 
-    def finish(self) -> tuple[float | None, float | None, float]:
-        """(Filter CPU seconds, CEL CPU seconds, profiled seconds); None without profiles."""
+    def finish(self) -> tuple[float | None, float | None]:
+        """(Filter CPU seconds, CEL CPU seconds); None without profiles."""
         self.stop.set()
         self.thread.join(timeout=self.SECONDS + 35)
         self.dir.mkdir(parents=True, exist_ok=True)
         for i, data in enumerate(self.parts):
             write_atomic(self.dir / f"{self.stem}-{i}.pb.gz", data)
         if not self.parts:
-            return None, None, 0.0
+            return None, None
         stacks = pprof.merge(pprof.parse(d) for d in self.parts)
-        return (
-            stacks.seconds_under(FILTER_FRAME),
-            stacks.seconds_under(CEL_FRAME),
-            len(self.parts) * float(self.SECONDS),
-        )
+        return stacks.seconds_under(FILTER_FRAME), stacks.seconds_under(CEL_FRAME)
 
 
 def slug(text: str) -> str:
@@ -676,7 +672,7 @@ def run_kind(
         if n >= pods or now - t0 > run_timeout or now - last_progress > stall:
             break
     watch.close()
-    filter_cpu, cel_cpu, _ = prof.finish() if prof else (None, None, 0.0)
+    filter_cpu, cel_cpu = prof.finish() if prof else (None, None)
     after = dra_filter(api.metrics())
     with watch.lock:
         bound = dict(watch.bound)
@@ -961,58 +957,36 @@ def fmt(v: float | None, digits: int = 1) -> str:
 def table(results: Sequence[KindResult]) -> str:
     """Per fill and limits: each kind's old and new figures side by side, with the ratio
     to the plain count of as many GPUs from the same run."""
-    lines: list[str] = []
-    groups = sorted({(r.limits, r.fill) for r in results}, key=lambda x: (x[0] != "raised", x[1]))
-    for limits, fill_pct in groups:
-        rs = [r for r in results if r.fill == fill_pct and r.limits == limits]
-        plain = {r.gpus: r for r in rs if r.claims == "plain"}
-        lines.append("")
-        lines.append(
-            f"fill {fill_pct}%, client limits {limits}: pods/s (x plain), p50/p99 s, "
-            "DynamicResources Filter ms per node (x plain)"
-        )
-        head = f"{'claim':<48} {'devs':>4} | {'today':<40} | {'new':<40}"
-        lines.append(head)
-        lines.append("-" * len(head))
-        kinds = list(dict.fromkeys(r.kind for r in rs))
-        for k in kinds:
-            cells = {r.claims: r for r in rs if r.kind == k}
-            g = next(iter(cells.values())).gpus
-            base = plain.get(g)
-            if "plain" in cells:
-                c = cell(cells["plain"], base)
-                lines.append(f"{k:<48} {g:>4} | {c:<40} | {c:<40}")
-                continue
-            before = cells.get("old") or cells.get("same")
-            after = cells.get("new") or cells.get("same")
-            lines.append(f"{k:<48} {g:>4} | {cell(before, base):<40} | {cell(after, base):<40}")
-    return "\n".join(lines)
+    return side_by_side(
+        results,
+        "pods/s (x plain), p50/p99 s, DynamicResources Filter ms per node (x plain)",
+        cell,
+        40,
+    )
 
 
 def cpu_table(results: Sequence[KindResult]) -> str:
     """With ``--profile``: per fill and limits, the Filter CPU per bound pod of each kind
     (today's and new) with its ratio to the plain count of as many GPUs, and the CEL share."""
+    title = "kube-scheduler CPU in DynamicResources Filter, ms per bound pod (x plain), CEL share"
+    return side_by_side(results, title, cpu_cell, 22)
+
+
+def side_by_side(
+    results: Sequence[KindResult],
+    title: str,
+    fmt_cell: Callable[[KindResult | None, KindResult | None], str],
+    width: int,
+) -> str:
+    """One table per (limits, fill): a row per kind, today's and the new claim's cells
+    (a plain count's in both), each against the plain count of as many GPUs."""
     lines: list[str] = []
     groups = sorted({(r.limits, r.fill) for r in results}, key=lambda x: (x[0] != "raised", x[1]))
     for limits, fill_pct in groups:
         rs = [r for r in results if r.fill == fill_pct and r.limits == limits]
         plain = {r.gpus: r for r in rs if r.claims == "plain"}
-        lines += [
-            "",
-            f"fill {fill_pct}%, client limits {limits}: kube-scheduler CPU in DynamicResources "
-            "Filter, ms per bound pod (x plain), CEL share",
-        ]
-        head = f"{'claim':<48} {'devs':>4} | {'today':<22} | {'new':<22}"
-        lines += [head, "-" * len(head)]
-
-        def c(r: KindResult | None, base: KindResult | None) -> str:
-            if r is None or r.filter_cpu_ms_per_pod is None:
-                return "-"
-            out = f"{r.filter_cpu_ms_per_pod:.0f}"
-            if base and base.filter_cpu_ms_per_pod and r is not base:
-                out += f" ({r.filter_cpu_ms_per_pod / base.filter_cpu_ms_per_pod:.1f})"
-            return out + f" {100 * (r.cel_share or 0):.0f}%"
-
+        head = f"{'claim':<48} {'devs':>4} | {'today':<{width}} | {'new':<{width}}"
+        lines += ["", f"fill {fill_pct}%, client limits {limits}: {title}", head, "-" * len(head)]
         for k in dict.fromkeys(r.kind for r in rs):
             cells = {r.claims: r for r in rs if r.kind == k}
             g = next(iter(cells.values())).gpus
@@ -1022,8 +996,18 @@ def cpu_table(results: Sequence[KindResult]) -> str:
             else:
                 before = cells.get("old") or cells.get("same")
                 after = cells.get("new") or cells.get("same")
-            lines.append(f"{k:<48} {g:>4} | {c(before, base):<22} | {c(after, base):<22}")
+            a, b = fmt_cell(before, base), fmt_cell(after, base)
+            lines.append(f"{k:<48} {g:>4} | {a:<{width}} | {b:<{width}}")
     return "\n".join(lines)
+
+
+def cpu_cell(r: KindResult | None, base: KindResult | None) -> str:
+    if r is None or r.filter_cpu_ms_per_pod is None:
+        return "-"
+    out = f"{r.filter_cpu_ms_per_pod:.0f}"
+    if base and base.filter_cpu_ms_per_pod and r is not base:
+        out += f" ({r.filter_cpu_ms_per_pod / base.filter_cpu_ms_per_pod:.1f})"
+    return out + f" {100 * (r.cel_share or 0):.0f}%"
 
 
 def cell(r: KindResult | None, base: KindResult | None) -> str:
