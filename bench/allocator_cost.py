@@ -29,8 +29,9 @@ bench/cluster_scale.py measures the same kinds on the real scheduler, and
 docs/performance.md puts the two side by side.
 
 ``--cpu-group-at K`` models a different device order: each NUMA node's CPU group moved to
-position K among that node's devices (0: first; toposlice puts it last), to weigh what a
-CPU-aligned claim would gain against what every GPU request passing it would pay.
+position K among that node's devices (0: first; toposlice puts it behind the node's GPUs and
+their NICs), to weigh what a CPU-aligned claim would gain against what every GPU request
+passing it would pay.
 
 Usage: python3 bench/allocator_cost.py [--claims old|new|both] [--kinds a,b] [--nodes N]
   [--extra FILE] [--cpu-group-at K]
@@ -69,6 +70,7 @@ from bench.cluster_scale import (  # noqa: E402
     old_claims,
     plain_spec,
 )
+from normalize.attributes import NUMA_NODE  # noqa: E402
 from normalize.deviceclasses import device_classes  # noqa: E402
 from normalize.node_feature import admits  # noqa: E402
 from scorer.cel import device_env, evaluate  # noqa: E402
@@ -124,9 +126,9 @@ def search_cost(
     used = set(in_use)
     members: list[list[Any]] = [[] for _ in cons]  # per constraint: values of added devices
 
-    def selectable(ri: int, si: int, di: int, key_si: int | None = None) -> bool:
+    def selectable(ri: int, si: int, di: int) -> bool:
         _, csel, sel, _, _ = reqs[ri][si]
-        key: tuple[Any, ...] = (ri, si if key_si is None else key_si, di)
+        key: tuple[Any, ...] = (ri, si, di)
         if shared_cache:
             key = (tuple(csel), tuple(sel), di)
         if key not in cache:
@@ -206,15 +208,12 @@ def search_cost(
 
     # Before the search, upstream validates every request: an `All` request or sub-request
     # has its selectors run on every device of the node, in use or not, and keeps the
-    # matches; then the cache is dropped. A sub-request is validated under the key of the
-    # one before it (v1.36's loop sets the index after the call), so the second of two
-    # `All` sub-requests reads the first one's results.
+    # matches; then the cache is dropped.
     every: dict[tuple[int, int], list[int]] = {}
     for ri, alts in enumerate(reqs):
         for si, alt in enumerate(alts):
             if alt[3] == "All":
-                key_si = max(si - 1, 0)
-                every[(ri, si)] = [di for di in range(len(devs)) if selectable(ri, si, di, key_si)]
+                every[(ri, si)] = [di for di in range(len(devs)) if selectable(ri, si, di)]
     cache.clear()
     try:
         cost.ok = request(0)
@@ -235,16 +234,18 @@ def machine_slices(cpu_group_at: int | None = None) -> dict[str, list[dict[str, 
         return slices
     for sl in slices.values():
         for s in sl:
-            out: list[dict[str, Any]] = []
-            group: list[dict[str, Any]] = []
+            runs: list[list[dict[str, Any]]] = []  # the devices of one NUMA node, in order
             for d in s["spec"]["devices"]:
-                if d["attributes"].get("type", {}).get("string") == "cpu":
-                    group.insert(min(cpu_group_at, len(group)), d)  # closes its node's run
-                    out += group
-                    group = []
-                else:
-                    group.append(d)
-            s["spec"]["devices"] = out + group
+                numa = d["attributes"].get(NUMA_NODE, {}).get("int")
+                if not runs or runs[-1][0]["attributes"].get(NUMA_NODE, {}).get("int") != numa:
+                    runs.append([])
+                runs[-1].append(d)
+            out: list[dict[str, Any]] = []
+            for run in runs:
+                cpus = [d for d in run if d["attributes"].get("type", {}).get("string") == "cpu"]
+                rest = [d for d in run if d not in cpus]
+                out += rest[:cpu_group_at] + cpus + rest[cpu_group_at:]
+            s["spec"]["devices"] = out
     return slices
 
 

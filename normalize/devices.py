@@ -376,12 +376,13 @@ def allocation_order(devices: list[Device]) -> list[Device]:
     allocator tries them (docs/performance.md#claims-at-cluster-size): NUMA node by NUMA
     node (in the order the GPUs, then the NICs, then the CPU groups name them; devices
     without a NUMA node last), and in each, every GPU (bus-id order) followed by the NICs
-    of its closest-NIC group (``nicAffinity``), then the node's other NICs, then its CPU
-    groups. Every device a request skips costs the allocator a CEL evaluation, and one it
+    of its closest-NIC group (``nicAffinity``), then the node's CPU groups and its other
+    NICs. Every device a request skips costs the allocator a CEL evaluation, and one it
     already took costs nothing: with each GPU's NICs right behind it, the NIC request of
     a GPU+NIC pair finds its NIC at the first device it evaluates; with the CPU group
-    behind its NUMA node's devices, a CPU request after GPUs of that node is a few
-    devices away. GPUs keep their bus-id order, so plain GPU counts pick the same GPUs."""
+    right behind its NUMA node's GPUs and their NICs, a CPU request after GPUs of that
+    node is a few devices away, and no GPU count passes it before it has passed the
+    node's GPUs. GPUs keep their bus-id order, so plain GPU counts pick the same GPUs."""
     kinds = {"gpu": 0, "nic": 1, "cpu": 2}
     by_kind: list[list[Device]] = [[], [], []]
     rest: list[Device] = []
@@ -398,6 +399,7 @@ def allocation_order(devices: list[Device]) -> list[Device]:
     out: list[Device] = []
     placed: set[int] = set()
     for block in blocks:
+        placed_before = len(placed)
         for g in gpus:
             if _value(g, an.NUMA_NODE) != block:
                 continue
@@ -407,9 +409,12 @@ def allocation_order(devices: list[Device]) -> list[Device]:
                 if id(n) not in placed and _value(n, an.NIC_AFFINITY) == group:
                     out.append(n)
                     placed.add(id(n))
-        for n in nics:
-            if id(n) not in placed and _value(n, an.NUMA_NODE) == block:
-                out.append(n)
-                placed.add(id(n))
-        out += [c for c in cpus if _value(c, an.NUMA_NODE) == block]
+        paired = len(placed) > placed_before
+        rest_nics = [n for n in nics if id(n) not in placed and _value(n, an.NUMA_NODE) == block]
+        placed.update(id(n) for n in rest_nics)
+        block_cpus = [c for c in cpus if _value(c, an.NUMA_NODE) == block]
+        # Where the node's GPUs have close NICs, its other NICs (storage, management) are
+        # what a pair's request does not want, and the CPU group goes before them; where no
+        # NIC is close to a GPU (GB200 trays) the NICs are what pairs take, so they go first.
+        out += block_cpus + rest_nics if paired else rest_nics + block_cpus
     return out + rest

@@ -106,3 +106,32 @@ def test_all_requests_are_validated_on_every_device_before_the_search(
         got_new = ac.search_cost(new, slices, busy, classes)
         assert got_old.cel == 3 * n and got_new.cel == n
         assert got_old.ok == got_new.ok == (not busy)
+
+
+def test_cpu_group_at_moves_the_group_within_its_numa_node_only() -> None:
+    """``--cpu-group-at K`` reorders each NUMA node's run of devices and nothing else: the
+    same devices, every run still one NUMA node, its CPU group at position K (or last)."""
+    numa = "resource.kubernetes.io/numaNode"
+
+    def runs(devs: list[dict[str, Any]]) -> list[list[str]]:
+        out: list[list[str]] = []
+        last: object = object()
+        for d in devs:
+            n = d["attributes"].get(numa, {}).get("int")
+            if n != last:
+                out.append([])
+                last = n
+            out[-1].append(d["name"])
+        return out
+
+    base = ac.machine_slices()
+    for k in (0, 3, 99):
+        moved = ac.machine_slices(k)
+        for machine, slices in base.items():
+            before = [d for s in slices for d in s["spec"]["devices"]]
+            after = [d for s in moved[machine] for d in s["spec"]["devices"]]
+            assert sorted(d["name"] for d in after) == sorted(d["name"] for d in before)
+            for was, now in zip(runs(before), runs(after), strict=True):
+                cpus = [n for n in was if n.startswith("cpu-")]
+                rest = [n for n in was if not n.startswith("cpu-")]
+                assert now == rest[:k] + cpus + rest[k:], (machine, k)

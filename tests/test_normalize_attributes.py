@@ -255,3 +255,31 @@ def test_each_gpu_is_followed_by_its_closest_nics() -> None:
         if d["attributes"]["type"]["string"] == "gpu" and aff[i] is not None:
             group = [j for j, a in enumerate(aff) if a == aff[i] and j != i]
             assert group and min(group) == i + 1, (names[i], [names[j] for j in group])
+
+
+def _kinds_in_order(machine: str) -> list[tuple[str, str]]:
+    """(type, name) of each device of a fake machine, in the published order."""
+    from tests.driver_support import snapshot
+
+    return [(d["attributes"]["type"]["string"], d["name"]) for d in snapshot(machine).devices]
+
+
+def test_cpu_group_sits_before_the_nics_no_gpu_is_close_to() -> None:
+    """dgx-h100: each socket's CPU group right behind its last GPU's NIC, before the storage
+    NICs, so a CPU request after that socket's GPUs passes no NIC a GPU pair would not take;
+    a GB200 tray's NICs are close to no GPU, so pairs take them and they stay in front."""
+    dgx_order = _kinds_in_order("dgx-h100")
+    names = [n for _, n in dgx_order]
+    cpu0 = names.index("cpu-numa0")
+    assert names[cpu0 - 2 : cpu0 + 3] == [
+        "gpu-0000-61-00-0",
+        "nic-0000-5e-00-0",
+        "cpu-numa0",
+        "nic-0000-29-00-0",
+        "nic-0000-29-00-1",
+    ]
+    tray = [t for t, _ in _kinds_in_order("gb200-nvl72-tray")]
+    first_cpu = tray.index("cpu")
+    assert tray[:first_cpu] == ["gpu", "gpu", "nic", "nic", "nic", "nic"]
+    # A node without GPUs keeps its NICs first, as before.
+    assert [t for t, _ in _kinds_in_order("cpu-2s")][:5] == ["nic"] * 4 + ["cpu"]
