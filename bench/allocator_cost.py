@@ -50,6 +50,7 @@ import json
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import groupby
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
@@ -225,6 +226,10 @@ def search_cost(
 Scenario = tuple[str, list[dict[str, Any]], set[str], dict[str, str]]
 
 
+def _numa(device: Mapping[str, Any]) -> Any:
+    return device["attributes"].get(NUMA_NODE, {}).get("int")
+
+
 def machine_slices(cpu_group_at: int | None = None) -> dict[str, list[dict[str, Any]]]:
     """Each machine's slices as toposlice publishes them, or with every NUMA node's CPU
     group moved to position ``cpu_group_at`` among that node's devices (a device order
@@ -234,16 +239,13 @@ def machine_slices(cpu_group_at: int | None = None) -> dict[str, list[dict[str, 
         return slices
     for sl in slices.values():
         for s in sl:
-            runs: list[list[dict[str, Any]]] = []  # the devices of one NUMA node, in order
-            for d in s["spec"]["devices"]:
-                numa = d["attributes"].get(NUMA_NODE, {}).get("int")
-                if not runs or runs[-1][0]["attributes"].get(NUMA_NODE, {}).get("int") != numa:
-                    runs.append([])
-                runs[-1].append(d)
             out: list[dict[str, Any]] = []
-            for run in runs:
-                cpus = [d for d in run if d["attributes"].get("type", {}).get("string") == "cpu"]
-                rest = [d for d in run if d not in cpus]
+            # Each run of one NUMA node's devices, its CPU group moved to cpu_group_at.
+            for _, run in groupby(s["spec"]["devices"], key=_numa):
+                cpus, rest = [], []
+                for d in run:
+                    is_cpu = d["attributes"].get("type", {}).get("string") == "cpu"
+                    (cpus if is_cpu else rest).append(d)
                 out += rest[:cpu_group_at] + cpus + rest[cpu_group_at:]
             s["spec"]["devices"] = out
     return slices
