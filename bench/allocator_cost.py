@@ -84,6 +84,10 @@ MAX_TRIES = 2_000_000
 class Cost:
     cel: int = 0
     tries: int = 0
+    calls: int = 0
+    """allocateOne invocations: upstream's own measure of the search's work."""
+    scans: int = 0
+    """Devices looked at (in use, selectable): the loop that runs inside each call."""
     ok: bool = False
     capped: bool = False
 
@@ -98,11 +102,15 @@ def search_cost(
     in_use: set[str],
     classes: Mapping[str, Mapping[str, Any]],
     shared_cache: bool = False,
+    max_tries: int = MAX_TRIES,
 ) -> Cost:
     """The upstream search on one node's pool, counted. ``shared_cache``: CEL results
     cached per selector list and device instead of per (sub-)request and device (not what
     v1.36 does: what sub-requests with the same class and selectors would cost if they
-    shared their results)."""
+    shared their results). Within one request the search walks combinations, not
+    permutations: the next device of the same request is looked for after the last one
+    taken (upstream's ``startLocation``); every new request starts at the first device.
+    ``max_tries``: give up past this many allocateOne calls or constraint tries."""
     devs = [d for s in slices for d in s["spec"]["devices"]]
     envs = [device_env(d, DRIVER) for d in devs]
     attrs = [e.attributes for e in envs]
@@ -144,7 +152,7 @@ def search_cost(
 
     def add(name: str, di: int) -> bool:
         cost.tries += 1
-        if cost.tries > MAX_TRIES:
+        if cost.tries > max_tries:
             raise _Cap
         base = name.split("/", 1)[0]
         done: list[int] = []
@@ -168,7 +176,10 @@ def search_cost(
         for ci in removals.pop():
             members[ci].pop()
 
-    def one(ri: int, si: int, k: int) -> bool:
+    def one(ri: int, si: int, k: int, start: int = 0) -> bool:
+        cost.calls += 1
+        if cost.calls > max_tries:
+            raise _Cap
         if ri == len(reqs):
             return True
         name, _, _, mode, count = reqs[ri][si]
@@ -190,19 +201,22 @@ def search_cost(
             return False
         if k == count:
             return request(ri + 1)
-        for di, d in enumerate(devs):
+        for di in range(start, len(devs)):
+            d = devs[di]
+            cost.scans += 1
             if d["name"] in used or not selectable(ri, si, di):
                 continue
             if not add(name, di):
                 continue
             used.add(d["name"])
-            if one(ri, si, k + 1):
+            if one(ri, si, k + 1, di + 1):
                 return True
             used.discard(d["name"])
             remove()
         return False
 
     def request(ri: int) -> bool:
+        cost.calls += 1
         if ri == len(reqs):
             return True
         return any(one(ri, si, 0) for si in range(len(reqs[ri])))

@@ -45,6 +45,13 @@ PCIE_BANDWIDTH_MBPS = "pcieBandwidthMBps"
 PCIE_SWITCH = "pcieSwitch"
 NIC_AFFINITY = "nicAffinity"
 RAIL = "rail"
+# GPUs and NICs: the device's position among the node's devices of its type, in the order
+# the slices list them (from 0), and how many of that type the node has. Claims with one
+# request per GPU give request i a window of positions (ordinal >= i and at least N - i
+# of its type from it on), so that the allocator tries each set of devices once, not in
+# every order, and a node with fewer than N fails at the first device (scorer/ladder.py).
+ORDINAL = "ordinal"
+TYPE_COUNT = "typeCount"
 # NICs
 NETDEV = "netdev"
 RDMA_DEVICE = "rdmaDevice"
@@ -85,6 +92,8 @@ DRIVER_ATTRIBUTES = (
     PCIE_SWITCH,
     NIC_AFFINITY,
     RAIL,
+    ORDINAL,
+    TYPE_COUNT,
     NETDEV,
     RDMA_DEVICE,
     LINK_LAYER,

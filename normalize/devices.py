@@ -359,7 +359,41 @@ def build_devices_reported(
             if entry.name != group.name:
                 group = replace(group, name=entry.name)
             out.append(cpu_device(inv, group, opts, dropped))
-    return allocation_order(out), dropped
+    return number_by_type(allocation_order(out), dropped), dropped
+
+
+def number_by_type(devices: list[Device], dropped: list[AttributeDrop]) -> list[Device]:
+    """Give each GPU and NIC its ``ordinal`` among the node's devices of its type (in
+    published order) and that type's ``typeCount``, right behind ``type`` so that the
+    budget (:func:`fit_budget`) keeps them: the ladder claims' windows need them on every
+    device, and an attribute dropped for them is reported like any other."""
+    totals: dict[str, int] = {}
+    for d in devices:
+        kind = str(_value(d, an.TYPE))
+        totals[kind] = totals.get(kind, 0) + 1
+    seen: dict[str, int] = {}
+    out: list[Device] = []
+    for d in devices:
+        kind = str(_value(d, an.TYPE))
+        if kind not in ("gpu", "nic"):
+            out.append(d)
+            continue
+        ordinal = seen.get(kind, 0)
+        seen[kind] = ordinal + 1
+        attrs: Attrs = {}
+        for key, val in d["attributes"].items():
+            attrs[key] = val
+            if key == an.TYPE:
+                attrs[an.ORDINAL] = a_int(ordinal)
+                attrs[an.TYPE_COUNT] = a_int(totals[kind])
+        capacity = d.get("capacity") or {}
+        kept = fit_budget(attrs, capacity)
+        for key in attrs:
+            if key not in kept:
+                reason = f"is over the {MAX_ATTRS_AND_CAPACITY} attributes-and-capacities limit"
+                dropped.append(AttributeDrop(d["name"], key, reason))
+        out.append({**d, "attributes": kept})
+    return out
 
 
 def _value(dev: Device, key: str) -> Any:

@@ -79,7 +79,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from normalize.attribute_names import NVLINK_DOMAIN, XGMI_HIVE
+from normalize.attribute_names import NVLINK_DOMAIN, ORDINAL, TYPE_COUNT, XGMI_HIVE
 from normalize.deviceclasses import device_class_name
 
 from .slowdown import PROFILES, stretch
@@ -107,6 +107,9 @@ SCALEUP_STRETCH = 2.0
 SET_RUNGS: tuple[tuple[str, str | None], ...] = (("numa", NUMA_NODE), ("any", None))
 #: Rungs of each ``gpu-i`` of the paired ladder.
 PAIR_RUNGS = ("paired", "any")
+#: gpu-0's rungs the CPU group's NUMA node is tied to (all: a GPU without a NUMA node, a
+#: cloud VM's, takes ``cpu/any``, which the CPU request tries second).
+GATE_NUMA_RUNGS = ("paired", "unpaired", "any")
 
 
 @dataclass(frozen=True)
@@ -186,7 +189,6 @@ def ladder_spec(
     ncls = device_class_name("nic", driver)
     ccls = device_class_name("cpu", driver)
     drop = chosen.drop_rungs if chosen else frozenset()
-    affinity = qualified(driver, NIC_AFFINITY)
     requests: list[dict[str, Any]] = []
     constraints: list[dict[str, Any]] = []
     numa_refs: list[str] = []
@@ -194,82 +196,21 @@ def ladder_spec(
     # the gate), two distinctAttribute over the paired GPUs, one for CPUs.
     nvl = scaleup and gpus > 1  # a set of one GPU has no fabric to prefer
     up_sel = [*gpu_selectors, scaleup_expression(driver)]
-    pair_constraints = 2 * gpus + (gpus if chosen else 0) + 1 + (1 if cpu_groups else 0)
+    pair_constraints = gpus + (gpus if chosen else 0) + 3 + (2 if cpu_groups else 0)
     paired = nics_per_gpu > 0 and 2 * gpus + (1 if cpu_groups else 0) <= MAX_REQUESTS
     paired = paired and pair_constraints <= MAX_CONSTRAINTS and "paired" not in drop
     if paired:
-        nic_requests: list[dict[str, Any]] = []
-        paired_gpus: list[str] = []
-        n_paired = 0
-        gate = ""
-        for i in range(gpus):
-            g, n = f"gpu-{i}", f"nic-{i}"
-            nic_pin = chosen.nic_bus_ids[i] if chosen and i < len(chosen.nic_bus_ids) else ()
-            # nic-i: a NIC paired with gpu-i, else any NIC. The constraints name nic-i's
-            # sub-requests, never nic-i itself: a NIC without the pair attribute (no GPU's
-            # closest: GB200) stays usable unpaired.
-            nsubs = []
-            nrefs = [f"{n}/paired"]
-            if nic_pin:
-                nsubs.append(_sub("chosen", ncls, nics_per_gpu, [pin_expression(nic_pin)]))
-                nrefs.append(f"{n}/chosen")
-            nsubs += [
-                _sub("paired", ncls, nics_per_gpu, []),
-                _sub("unpaired", ncls, nics_per_gpu, []),
-            ]
-            nic_requests.append({"name": n, "firstAvailable": nsubs})
-            if i == 0 and not chosen:
-                # The gate: gpu-0 is one plain GPU, no rungs, so a node without a free GPU
-                # (most nodes of a full cluster) fails in one scan of its devices, as a
-                # plain count does, instead of one per rung. A constraint naming gpu-0
-                # binds whatever it is, so its pair is tied by the attribute every PCI
-                # GPU has, pcieRoot (its NIC behind the same root: the DGX's ConnectX-7,
-                # pcie-8gpu's switch NIC; none on MI300X and GB200, which take nic-0
-                # unpaired). gpu-0 stays out of the nicAffinity distinctAttribute below;
-                # the paired GPUs keep off its root instead (its switch, on pcie-8gpu).
-                requests.append({"name": g, "exactly": _exact(gcls, 1, gpu_selectors)})
-                requests.append(nic_requests.pop())
-                gate = g
-                constraints.append({"requests": [g, *nrefs], "matchAttribute": PCIE_ROOT})
-                numa_refs.append(f"{n}/paired")
-                continue
-            subs = []
-            # With ``scaleup``, the first GPU with rungs gets one above `paired`: `paired`
-            # on a GPU in a scale-up domain, named wherever `paired` is, so a node with
-            # NVLink or xGMI ranks above one without (prioritized_score) and pairs as
-            # well. One such rung ranks the node; each more would be one more scan of
-            # every node without the fabric (a sub-request's selector results are its own).
-            up = nvl and n_paired == 0
-            rungs = [f"{g}/scaleup", f"{g}/paired"] if up else [f"{g}/paired"]
-            pair_refs: dict[str, list[str]] = {affinity: list(rungs)}
-            forbid = list(rungs)
-            if chosen:
-                pin = pin_expression([chosen.gpu_bus_ids[i]])
-                subs.append(_sub("chosen", gcls, 1, [*gpu_selectors, pin]))
-                attr = chosen.pair_attribute[i] if i < len(chosen.pair_attribute) else None
-                if attr:
-                    pair_refs.setdefault(attr, []).append(f"{g}/chosen")
-                    forbid.append(f"{g}/chosen")
-            if up:
-                subs.append(_sub("scaleup", gcls, 1, up_sel))
-            subs += [_sub(rung, gcls, 1, gpu_selectors) for rung in PAIR_RUNGS]
-            paired_gpus += rungs
-            n_paired += 1
-            if i == 0:
-                numa_refs += rungs
-            requests.append({"name": g, "firstAvailable": subs})
-            for attr, refs in pair_refs.items():
-                constraints.append({"requests": [*refs, *nrefs], "matchAttribute": attr})
-            # A GPU and a NIC never share their `type`: this forbids the unpaired NIC
-            # together with a paired GPU rung, and binds nothing else.
+        requests, constraints = _paired_requests(
+            gpus, nics_per_gpu, driver, gpu_selectors, chosen, nvl, up_sel
+        )
+        numa_refs = ["gpu-0/chosen"] if chosen else []
+        numa_refs += [f"gpu-0/{r}" for r in (("scaleup",) if nvl else ()) + GATE_NUMA_RUNGS]
+        if cpu_groups == 1:
+            # cpu/any is for a gpu-0 without a NUMA node: beside a GPU that has one, the
+            # CPU group must be on its node, so `cpu/any` never tries a second time what
+            # `cpu/numa` tried (a CPU group and a GPU never share their `type`).
             kind = qualified(driver, "type")
-            constraints.append({"requests": [*forbid, f"{n}/unpaired"], "matchAttribute": kind})
-        requests += nic_requests
-        if n_paired > 1:  # each paired GPU in a group of its own: prunes early
-            constraints.append({"requests": paired_gpus, "distinctAttribute": affinity})
-        if gate and paired_gpus:
-            refs = [gate, *paired_gpus]
-            constraints.append({"requests": refs, "distinctAttribute": PCIE_ROOT})
+            constraints.append({"requests": [*numa_refs, "cpu/any"], "matchAttribute": kind})
     else:
         subs = []
         if chosen:
@@ -298,12 +239,114 @@ def ladder_spec(
         if chosen and chosen.cpu_selectors:
             csubs.append(_sub("chosen", ccls, cpu_groups, list(chosen.cpu_selectors)))
         csubs += [_sub("numa", ccls, cpu_groups, []), _sub("any", ccls, cpu_groups, [])]
-        requests.append({"name": "cpu", "firstAvailable": csubs})
+        cpu = {"name": "cpu", "firstAvailable": csubs}
+        # Pairs: the CPU request goes right after gpu-0, whose NUMA node it shares: a node
+        # without a free CPU group there fails after gpu-0's few choices, not after every
+        # placement of the GPUs and NICs, and later dead ends do not retry the CPU group.
+        requests.insert(1, cpu) if paired else requests.append(cpu)
         constraints.append({"requests": [*numa_refs, "cpu/numa"], "matchAttribute": NUMA_NODE})
     devices: dict[str, Any] = {"requests": requests}
     if constraints:
         devices["constraints"] = constraints
     return {"devices": devices}
+
+
+def window(driver: str, i: int, n: int, per: int = 1) -> str:
+    """CEL: request ``i`` of ``n`` that each take ``per`` devices of one type may take a
+    device at ``ordinal`` >= i*per with at least (n-i-1)*per + 1 of its type from it on.
+    Any set of n*per devices, sorted by ordinal and cut into runs of ``per``, fits these
+    windows run by run, so no allocation is lost; but the allocator no longer tries each
+    set in every order across the requests (it walks combinations within a request, and
+    permutations across requests), and a node with fewer than n*per devices of the type
+    fails at the first scan."""
+    a = f'device.attributes["{driver}"]'
+    lo, after = i * per, (n - i - 1) * per + 1
+    out = f'"{ORDINAL}" in {a} && "{TYPE_COUNT}" in {a}'
+    if lo:
+        out += f" && {a}.{ORDINAL} >= {lo}"
+    return out + f" && {a}.{TYPE_COUNT} - {a}.{ORDINAL} >= {after}"
+
+
+def _paired_requests(
+    gpus: int,
+    nics_per_gpu: int,
+    driver: str,
+    gpu_selectors: Sequence[str],
+    chosen: Chosen | None,
+    scaleup: bool,
+    up_sel: Sequence[str],
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The requests and constraints of the paired ladder (module docstring): ``gpu-i`` then
+    ``nic-i`` for every GPU, windowed, in two modes chosen by ``gpu-0``."""
+    gcls = device_class_name("gpu", driver)
+    ncls = device_class_name("nic", driver)
+    affinity = qualified(driver, NIC_AFFINITY)
+    attrs = f'device.attributes["{driver}"]'
+    grouped = f'"{NIC_AFFINITY}" in {attrs}'
+    requests: list[dict[str, Any]] = []
+    constraints: list[dict[str, Any]] = []
+    mode_p: list[str] = []  # gpu-0's rungs whose NICs are paired
+    mode_a: list[str] = []  # gpu-0's rungs whose NICs are not
+    nic_any: list[str] = []
+    nic_paired: list[str] = []
+    nic_requests: list[dict[str, Any]] = []
+    nic_chosen: list[str] = []
+    for i in range(gpus):
+        g, n = f"gpu-{i}", f"nic-{i}"
+        win = window(driver, i, gpus)
+        subs: list[dict[str, Any]] = []
+        pair_refs: dict[str, list[str]] = {affinity: []}
+        if chosen:
+            pin = pin_expression([chosen.gpu_bus_ids[i]])
+            subs.append(_sub("chosen", gcls, 1, [*gpu_selectors, pin]))
+            attr = chosen.pair_attribute[i] if i < len(chosen.pair_attribute) else None
+            if attr:
+                pair_refs.setdefault(attr, []).append(f"{g}/chosen")
+        if scaleup and i == 0:
+            subs.append(_sub("scaleup", gcls, 1, [*up_sel[:-1], f"{win} && ({up_sel[-1]})"]))
+            pair_refs[affinity].append(f"{g}/scaleup")
+            mode_p.append(f"{g}/scaleup")
+        subs.append(_sub("paired", gcls, 1, [*gpu_selectors, f"{win} && {grouped}"]))
+        pair_refs[affinity].append(f"{g}/paired")
+        if i == 0:
+            mode_p.append(f"{g}/paired")
+            # A GPU with a closest-NIC group whose NICs are not its pair's: mode A on
+            # nodes where the groups' NICs are taken (or too few per GPU).
+            subs.append(_sub("unpaired", gcls, 1, [*gpu_selectors, f"{win} && {grouped}"]))
+            mode_a.append(f"{g}/unpaired")
+        subs.append(_sub("any", gcls, 1, [*gpu_selectors, f"{win} && !({grouped})"]))
+        if i == 0:
+            mode_a.append(f"{g}/any")
+        requests.append({"name": g, "firstAvailable": subs})
+        nic_pin = chosen.nic_bus_ids[i] if chosen and i < len(chosen.nic_bus_ids) else ()
+        nsubs = []
+        nrefs = [f"{n}/paired"]
+        if nic_pin:
+            nsubs.append(_sub("chosen", ncls, nics_per_gpu, [pin_expression(nic_pin)]))
+            nrefs.append(f"{n}/chosen")
+            nic_chosen.append(f"{n}/chosen")
+        nsubs.append(_sub("paired", ncls, nics_per_gpu, []))
+        nsubs.append(_sub("any", ncls, nics_per_gpu, [window(driver, i, gpus, nics_per_gpu)]))
+        nic_paired.append(f"{n}/paired")
+        nic_any.append(f"{n}/any")
+        nic_requests.append({"name": n, "firstAvailable": nsubs})
+        for attr, refs in pair_refs.items():
+            constraints.append({"requests": [*refs, *nrefs], "matchAttribute": attr})
+    # The modes do not mix: with gpu-0 paired no NIC is taken unpaired, with gpu-0 in a
+    # mode-A rung no NIC is taken paired. A GPU and a NIC never share their `type`, so each
+    # constraint forbids the one GPU rung beside those NIC rungs and binds nothing else.
+    requests += nic_requests
+    kind = qualified(driver, "type")
+    if chosen and len(nic_chosen) == gpus:
+        # Mode C, the scored placement: with gpu-0 chosen, every NIC is the chosen one.
+        constraints.append(
+            {"requests": ["gpu-0/chosen", *nic_paired, *nic_any], "matchAttribute": kind}
+        )
+    elif chosen:
+        mode_p.insert(0, "gpu-0/chosen")
+    constraints.append({"requests": [*mode_p, *nic_any, *nic_chosen], "matchAttribute": kind})
+    constraints.append({"requests": [*mode_a, *nic_paired, *nic_chosen], "matchAttribute": kind})
+    return requests, constraints
 
 
 def prioritized_score(claim_spec: Mapping[str, Any], chosen_requests: Sequence[str]) -> int:

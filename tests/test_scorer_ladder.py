@@ -105,9 +105,8 @@ def test_best_class_when_free_looser_when_taken_pcie() -> None:
     got = alloc.allocate(spec)
     assert got is not None
     rungs = rung_of([r.request for r in got])
-    # gpu-0 is the gate (one plain GPU, no rungs); its NIC pairs by pcieRoot.
-    assert rungs == {"gpu-1": "paired", "nic-0": "paired", "nic-1": "paired"}
-    assert "gpu-0" in {r.request for r in got}
+    # Mode P: every GPU with a NIC of its own closest-NIC group.
+    assert rungs == {"gpu-0": "paired", "gpu-1": "paired", "nic-0": "paired", "nic-1": "paired"}
     devs = {r.request.split("/")[0]: r.device for r in got}
     aff = "nicAffinity"
     # Each GPU with the NIC on its own switch, the two GPUs behind different switches.
@@ -117,17 +116,20 @@ def test_best_class_when_free_looser_when_taken_pcie() -> None:
             "pcie-8gpu", devs[f"nic-{i}"], aff
         )
     best = prioritized_score(spec, [r.request for r in got])
-    # Only the two GPUs of one switch free: the gate pairs with that switch's NIC, the
-    # other takes the looser rung (and a NIC close to some GPU: nic-1/paired is tied to
-    # gpu-1/paired only).
+    # Only the two GPUs of one switch free: they cannot both pair with its one NIC, so the
+    # claim drops to mode A as a whole (no GPU paired, no NIC paired): first fit then still
+    # gives the first GPU the NIC on its switch.
     busy = _busy("pcie-8gpu", [f"gpu-0000-{b}-00-0" for b in ("3a", "3b", "9a", "9b", "ba", "bb")])
     got2 = alloc.allocate(spec, busy)
     assert got2 is not None
     assert rung_of([r.request for r in got2]) == {
-        "gpu-1": "any",
-        "nic-0": "paired",
-        "nic-1": "paired",
+        "gpu-0": "unpaired",
+        "gpu-1": "paired",
+        "nic-0": "any",
+        "nic-1": "any",
     }
+    devs2 = {r.request.split("/")[0]: r.device for r in got2}
+    assert devs2["nic-0"] == "nic-0000-1a-00-0"
     assert prioritized_score(spec, [r.request for r in got2]) < best
 
 
@@ -136,10 +138,11 @@ def test_mi300x_pairs_each_gpu_with_its_socket_nic() -> None:
     spec = ladder_spec(2, 1, DRIVER)
     got = alloc.allocate(spec)
     assert got is not None
-    # No NIC shares a GPU's root there, so the gate's NIC is unpaired by rung, yet the
-    # search lands its socket's NIC: gpu-1/paired backs off the gate's socket.
+    # No NIC shares a GPU's root there; each GPU pairs with its socket's NIC by
+    # nicAffinity, and the second GPU is pushed to the other socket by the NICs left.
     assert rung_of([r.request for r in got]) == {
-        "nic-0": "unpaired",
+        "gpu-0": "paired",
+        "nic-0": "paired",
         "gpu-1": "paired",
         "nic-1": "paired",
     }
@@ -166,7 +169,7 @@ def test_ladder_still_allocates_where_no_nic_is_close() -> None:
     """GB200 trays: no NIC carries nicAffinity; the unpaired rungs still allocate."""
     got = _alloc("gb200-nvl72-tray").allocate(ladder_spec(2, 1, DRIVER))
     assert got is not None
-    assert sorted(set(rung_of([r.request for r in got]).values())) == ["any", "unpaired"]
+    assert set(rung_of([r.request for r in got]).values()) == {"any"}
 
 
 def _ranked(name: str, spec: dict[str, Any]) -> tuple[dict[str, str], int]:
@@ -187,19 +190,20 @@ def test_scaleup_rung_ranks_nvlink_and_xgmi_boards_first() -> None:
     dgx, dgx_score = _ranked("dgx-h100", spec)
     pcie, pcie_score = _ranked("pcie-8gpu", spec)
     mi, mi_score = _ranked("mi300x-8", spec)
-    assert dgx == {"nic-0": "paired", "gpu-1": "scaleup", "nic-1": "paired"}
-    assert pcie == {"nic-0": "paired", "gpu-1": "paired", "nic-1": "paired"}
-    assert mi["gpu-1"] == "scaleup"
+    assert dgx == {"gpu-0": "scaleup", "nic-0": "paired", "gpu-1": "paired", "nic-1": "paired"}
+    assert pcie == {"gpu-0": "paired", "nic-0": "paired", "gpu-1": "paired", "nic-1": "paired"}
+    assert mi["gpu-0"] == "scaleup"
     assert dgx_score > pcie_score
-    # MI300X's gate takes its NIC unpaired (none shares a GPU's root): the hive lifts it
-    # to a tie with the PCIe box, from below it.
-    assert _ranked("mi300x-8", plain)[1] < _ranked("pcie-8gpu", plain)[1]
-    assert mi_score >= pcie_score
+    # MI300X pairs each GPU with its socket's NIC as the PCIe box does; the hive lifts it
+    # above the box.
+    assert _ranked("mi300x-8", plain)[1] == _ranked("pcie-8gpu", plain)[1]
+    assert mi_score > pcie_score
     got = _alloc("dgx-h100").allocate(spec)
     assert got is not None
     devs = {r.request.split("/")[0]: r.device for r in got}
     aff = "nicAffinity"
-    assert _attr("dgx-h100", devs["gpu-1"], aff) == _attr("dgx-h100", devs["nic-1"], aff)
+    for i in (0, 1):
+        assert _attr("dgx-h100", devs[f"gpu-{i}"], aff) == _attr("dgx-h100", devs[f"nic-{i}"], aff)
     # The count ladder (no NICs): the whole set in the scale-up domain, else one socket.
     count = ladder_spec(4, 0, DRIVER, scaleup=True)
     assert _ranked("dgx-h100", count)[0] == {"gpus": "scaleup"}
@@ -221,16 +225,17 @@ def test_claim_pattern_adds_the_scaleup_rung(
     def gpu1(args: list[str]) -> list[str]:
         assert main(["claim", "--gpus", "2", "--nics-per-gpu", "1", "-o", "json", *args]) == 0
         spec = json.loads(capsys.readouterr().out)["items"][0]["spec"]["spec"]
-        (req,) = [r for r in spec["devices"]["requests"] if r["name"] == "gpu-1"]
+        (req,) = [r for r in spec["devices"]["requests"] if r["name"] == "gpu-0"]
         return [s["name"] for s in req["firstAvailable"]]
 
-    assert gpu1([]) == ["paired", "any"]  # no workload stated: the cheap ladder
-    assert gpu1(["--pattern", "tensor-parallel"]) == ["scaleup", "paired", "any"]
-    assert gpu1(["--pattern", "pipeline-parallel"]) == ["paired", "any"]
+    cheap = ["paired", "unpaired", "any"]
+    assert gpu1([]) == cheap  # no workload stated: the cheap ladder
+    assert gpu1(["--pattern", "tensor-parallel"]) == ["scaleup", *cheap]
+    assert gpu1(["--pattern", "pipeline-parallel"]) == cheap
     req = tmp_path / "req.yaml"
     req.write_text(yaml.safe_dump({"gpus": 2, "nicsPerGpu": 1, "pattern": "inference-decode"}))
-    assert gpu1(["--request", str(req)]) == ["scaleup", "paired", "any"]
-    assert gpu1(["--request", str(req), "--pattern", "independent"]) == ["paired", "any"]
+    assert gpu1(["--request", str(req)]) == ["scaleup", *cheap]
+    assert gpu1(["--request", str(req), "--pattern", "independent"]) == cheap
     with pytest.raises(SystemExit):
         main(["claim", "--gpus", "2", "--pattern", "tensor"])
     assert "--pattern" in capsys.readouterr().err
@@ -353,7 +358,7 @@ def test_claim_command(capsys: pytest.CaptureFixture[str]) -> None:
         "nic.toposlice.dev",
     }
     # the scorer's score of the set it lands on (the same number `toposlice score` gives)
-    assert re.search(r"# mi300x-8: score [0-9.]+; gpu-0 = gpu-0000-0c-00-0", captured.err)
+    assert re.search(r"# mi300x-8: score [0-9.]+; gpu-0/paired = gpu-0000-0c-00-0", captured.err)
 
 
 def test_claim_command_json_memory_and_errors(capsys: pytest.CaptureFixture[str]) -> None:
