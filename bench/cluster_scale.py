@@ -107,6 +107,16 @@ CLAIM_SHAPES: dict[str, tuple[str, ...]] = {
         *("--gpus", "2", "--nics-per-gpu", "1", "--pattern", "tensor-parallel"),
     ),
 }
+#: The heavy shapes (issue #31): the standard pod of a multi-node training job and the
+#: widest NIC shape, which before windowed claims made the scheduler search for seconds.
+HEAVY_SHAPES: dict[str, tuple[str, ...]] = {
+    "claim --gpus 8 --nics-per-gpu 1": ("--gpus", "8", "--nics-per-gpu", "1"),
+    "claim --gpus 8 --nics-per-gpu 1 --pattern tensor-parallel": (
+        *("--gpus", "8", "--nics-per-gpu", "1", "--pattern", "tensor-parallel"),
+    ),
+    "claim --gpus 4 --nics-per-gpu 2": ("--gpus", "4", "--nics-per-gpu", "2"),
+}
+CLAIM_SHAPES.update(HEAVY_SHAPES)
 #: Busy GPUs per node at the 90 % fill, with their share of nodes: most nodes full,
 #: some with one or two GPUs free (where paired claims fail after a search), a few
 #: half or wholly free (where the big kinds fit). Mean 7.2 of 8 = 90 %.

