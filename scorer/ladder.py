@@ -33,43 +33,38 @@ numa     ``resource.kubernetes.io/numaNode`` (one socket; N > 1 only)
 any      nothing (plain count)
 ======== ==============================================================
 
-With NICs, one request ``gpu-i`` and one ``nic-i`` per GPU (``nic-i``: sub-requests
-``paired`` then ``unpaired``, ``nicsPerGpu`` NICs each), in the order ``gpu-0``, ``nic-0``,
-then every other ``gpu-i``, then their NICs:
+With NICs, one request ``gpu-i`` per GPU, then one ``nic-i`` per GPU (``nicsPerGpu`` NICs
+each); every ``gpu-i`` and ``nic-i/any`` takes a *window* of ``ordinal`` values
+(:func:`window`), and the claim runs in one of two *modes*, chosen by ``gpu-0``'s rung:
 
 ======== ================================================================================
 request  rungs
 ======== ================================================================================
-gpu-0    none: one plain GPU (the gate), ``nic-0/paired`` behind the same PCIe root
-         (``pcieRoot``)
-gpu-i    ``scaleup`` (opt-in, gpu-1 only): ``paired`` on a GPU in a scale-up domain,
-         named in every constraint ``paired`` is; ``paired``: with ``nic-i/paired`` in its own
-         closest-NIC group (``nicAffinity`` equal), off gpu-0's root, the paired GPUs in
-         distinct groups (``distinctAttribute``); ``any``: anything, with
-         ``nic-i/unpaired``
+gpu-0    ``scaleup`` (opt-in: mode P on a GPU in a scale-up domain), ``paired`` (a GPU with
+         a closest-NIC group, ``nicAffinity``: mode P), ``unpaired`` (one with a group:
+         mode A), ``any`` (one without: mode A)
+gpu-i    ``paired`` (has a group), ``any`` (has none): the two never offer the same GPU
+nic-i    ``paired`` (in gpu-i's group: ``matchAttribute nicAffinity`` with gpu-i's group
+         rungs), ``any``
+cpu      right after gpu-0: ``numa`` (gpu-0's NUMA node), ``any`` (only beside a gpu-0
+         without one, for one CPU group)
 ======== ================================================================================
 
-The gate is what a full cluster needs: a request with rungs fails on a node without a free
-GPU once per rung, each a scan of the node's devices, while a plain GPU fails in one, as a
-plain count does. A constraint naming a whole request binds whatever it allocates and
-fails on a device without the attribute, so the gate's pair is tied by the attribute every
-PCI device has (``pcieRoot``; ``nicAffinity`` is absent on GB200 GPUs, ``numaNode`` in a VM
-without NUMA). ``nic-0`` comes right after the gate so that where no NIC shares its root
-(MI300X: the socket's NIC; GB200) it takes the first free NIC in slice order, the gate's
-NUMA node's, and the paired GPUs back off that group, not the other way round; every other
-``gpu-i`` comes before any other NIC, so a node with too few free GPUs fails before the
-search looks for those NICs. A paired rung may not take ``nic-i/unpaired`` (a constraint
-``matchAttribute: toposlice.dev/type`` over ``gpu-i/paired`` and ``nic-i/unpaired``: a GPU
-and a NIC never share a type, and that constraint binds nothing else), so the allocator
-tries every GPU of the paired rung before it drops to ``any``. Machines without close NICs
-(GB200 trays) get their GPUs and NICs through ``any``. Since the slices list each GPU's
-group NICs right behind it (normalize.devices.allocation_order), a paired NIC request finds
-its NIC at the first device it evaluates. Per pair that is two constraints, plus two
-``distinctAttribute`` and one for CPUs (``cpu/numa`` on ``nic-0/paired``'s NUMA node): up
-to 15 pairs; above that (or above 16 GPUs: 32 requests) the count ladder with a ``nics``
-request. With a chosen placement (``--emit-claim``) there is no gate: ``gpu-i/chosen``
-(that GPU, pinned by ``pciBusID``) and ``nic-i/chosen`` come first, tied by the attribute
-the chosen pair shares, then the rungs above for every GPU.
+Why (issue #31): on a node that cannot hold the claim the allocator's search is exhaustive,
+and it walks combinations within a request but every order across requests. Per-GPU
+requests over the same GPUs and NICs, each with rungs that overlap, made that N! orders
+times 2^N rung mixtures: seconds per node, past the scheduler's 10 s filter timeout. The
+windows let each set of GPUs (and NICs) be tried once and fail a node with too few at the
+first scan, without losing a set that fits; the modes keep the rungs from mixing (mode P:
+no ``nic-i/any``, mode A: no ``nic-i/paired``, each one ``matchAttribute: toposlice.dev/type``
+constraint with ``gpu-0``'s rungs, since a GPU and a NIC never share a type). The price: a
+node where only some GPUs can pair gets mode A. Constraints name sub-requests, never a
+whole request, so a GPU without ``nicAffinity`` (GB200) or ``numaNode`` (a cloud VM) stays
+usable. Up to 15 pairs; above that (or above 16 GPUs: 32 requests) the count ladder with a
+``nics`` request. With a chosen placement (``--emit-claim``) each ``gpu-i`` and ``nic-i``
+gets a ``chosen`` rung first (that device, pinned by ``pciBusID``), tied by the attribute
+the chosen pair shares, and ``gpu-0/chosen`` is a third mode: every NIC its chosen one.
+bench/claim_worst_case.py measures every shape's worst node.
 """
 
 from __future__ import annotations
@@ -192,8 +187,8 @@ def ladder_spec(
     requests: list[dict[str, Any]] = []
     constraints: list[dict[str, Any]] = []
     numa_refs: list[str] = []
-    # Two constraints per pair (three when a chosen pair shares another attribute; one for
-    # the gate), two distinctAttribute over the paired GPUs, one for CPUs.
+    # One constraint per pair (two when a chosen pair shares another attribute), three
+    # that keep the modes apart, two for CPUs.
     nvl = scaleup and gpus > 1  # a set of one GPU has no fabric to prefer
     up_sel = [*gpu_selectors, scaleup_expression(driver)]
     pair_constraints = gpus + (gpus if chosen else 0) + 3 + (2 if cpu_groups else 0)
