@@ -165,8 +165,9 @@ def test_scaleup_rung_sends_a_tensor_parallel_pair_to_the_nvswitch_board(
     got = _allocated_on(cluster, "ladder-tp", spec, {"e2e": "ladder"})
     assert {pool for _, _, pool in got} == {DGX}
     assert rung_of([r for r, _, _ in got]) == {
+        "gpu-0": "scaleup",
         "nic-0": "paired",
-        "gpu-1": "scaleup",
+        "gpu-1": "paired",
         "nic-1": "paired",
     }
     cluster.kubectl("-n", NS, "delete", "pod", "ladder-tp", "--force", "--grace-period=0")
@@ -196,7 +197,9 @@ def test_ladder_first_rung_then_a_looser_one(
     second = _allocated(cluster, "ladder-b", ladder)
     assert second == _predicted(slices, ladder, first + blocked)
     rungs2 = rung_of([r for r, _ in second])
-    assert (rungs2["nic-0"], rungs2["gpu-1"]) == ("paired", "any")  # gpu-0: the gate
+    # The two free GPUs share one NIC: mode P cannot pair both, so the claim takes mode A
+    # as a whole (no NIC paired), never a mixture.
+    assert rungs2 == {"gpu-0": "unpaired", "nic-0": "any", "gpu-1": "paired", "nic-1": "any"}
     score = prioritized_score(ladder, [r for r, _ in second])
     assert score < prioritized_score(ladder, [r for r, _ in first])
     gpus = {d for r, d in second if r.startswith("gpu-")}
