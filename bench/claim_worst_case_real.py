@@ -21,7 +21,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.cluster_scale import Api, device_classes, heavy_lock, parallel, start_cluster
+from bench.cluster_scale import (
+    Api,
+    allocate_as_admin,
+    device_classes,
+    heavy_lock,
+    parallel,
+    start_cluster,
+)
 from tests.e2e.cluster import Cluster, node_object
 
 NAMESPACE = "worst"
@@ -107,39 +114,7 @@ class WorstCluster:
         for s in _slices(case.machine, name):
             self.api.call("POST", "/apis/resource.k8s.io/v1/resourceslices", s)
         if case.busy:
-            self._fill(name, case.busy)
-
-    def _fill(self, node: str, devices: Sequence[str]) -> None:
-        path = f"/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/resourceclaims"
-        claim = {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaim",
-            "metadata": {"name": f"fill-{node}"},
-            "spec": {
-                "devices": {
-                    "requests": [
-                        {
-                            "name": "fill",
-                            "exactly": {"deviceClassName": f"gpu.{DRIVER}", "count": 1},
-                        }
-                    ]
-                }
-            },
-        }
-        created = self.api.call("POST", path, claim)
-        term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
-        created["status"] = {
-            "allocation": {
-                "devices": {
-                    "results": [
-                        {"request": "fill", "driver": DRIVER, "pool": node, "device": d}
-                        for d in sorted(devices)
-                    ]
-                },
-                "nodeSelector": {"nodeSelectorTerms": [term]},
-            }
-        }
-        self.api.call("PUT", f"{path}/fill-{node}/status", created)
+            allocate_as_admin(self.api, NAMESPACE, name, sorted(case.busy))
 
     def measure(
         self, shape: str, spec: Mapping[str, Any], case: NodeCase, timeout: float = 60

@@ -396,6 +396,31 @@ def gpu_names(slices: list[dict[str, Any]]) -> list[str]:
     ]
 
 
+def allocate_as_admin(api: Api, namespace: str, node: str, devices: Sequence[str]) -> None:
+    """A claim ``fill-NODE`` whose allocation (``devices`` of the node's pool) the admin
+    writes into its status directly: the scheduler then sees those devices in use, as if
+    another pod held them."""
+    name = f"fill-{node}"
+    req = {"name": "fill", "exactly": {"deviceClassName": GPU_CLASS, "count": len(devices)}}
+    claim = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "labels": {"bench": "fill"}},
+        "spec": {"devices": {"requests": [req]}},
+    }
+    path = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims"
+    created = api.call("POST", path, claim)
+    term = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+    results = [{"request": "fill", "driver": DRIVER, "pool": node, "device": d} for d in devices]
+    created["status"] = {
+        "allocation": {
+            "devices": {"results": results},
+            "nodeSelector": {"nodeSelectorTerms": [term]},
+        }
+    }
+    api.call("PUT", f"{path}/{name}/status", created)
+
+
 def fill(api: Api, pop: Populated, percent: int, seed: int = 22) -> float:
     """Take ``percent`` % of the GPUs with plain claims the admin allocates (one claim per
     node, status written directly: the scheduler then sees those devices in use); the
@@ -416,48 +441,7 @@ def fill(api: Api, pop: Populated, percent: int, seed: int = 22) -> float:
         if busy:
             jobs.append((name, sorted(rng.sample(gpus, busy))))
 
-    def one(job: tuple[str, list[str]]) -> None:
-        node, devices = job
-        name = f"fill-{node}"
-        claim = {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaim",
-            "metadata": {"name": name, "labels": {"bench": "fill"}},
-            "spec": {
-                "devices": {
-                    "requests": [
-                        {
-                            "name": "fill",
-                            "exactly": {"deviceClassName": GPU_CLASS, "count": len(devices)},
-                        }
-                    ]
-                }
-            },
-        }
-        path = f"/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/resourceclaims"
-        created = api.call("POST", path, claim)
-        created["status"] = {
-            "allocation": {
-                "devices": {
-                    "results": [
-                        {"request": "fill", "driver": DRIVER, "pool": node, "device": d}
-                        for d in devices
-                    ]
-                },
-                "nodeSelector": {
-                    "nodeSelectorTerms": [
-                        {
-                            "matchFields": [
-                                {"key": "metadata.name", "operator": "In", "values": [node]}
-                            ]
-                        }
-                    ]
-                },
-            }
-        }
-        api.call("PUT", f"{path}/{name}/status", created)
-
-    parallel(one, jobs, CREATE_WORKERS)
+    parallel(lambda job: allocate_as_admin(api, NAMESPACE, *job), jobs, CREATE_WORKERS)
     time.sleep(2)  # the scheduler's claim informer catches up
     return 100.0 * busy_total / max(total, 1)
 

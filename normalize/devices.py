@@ -367,10 +367,7 @@ def number_by_type(devices: list[Device], dropped: list[AttributeDrop]) -> list[
     published order) and that type's ``typeCount``, right behind ``type`` so that the
     budget (:func:`fit_budget`) keeps them: the ladder claims' windows need them on every
     device, and an attribute dropped for them is reported like any other."""
-    totals: dict[str, int] = {}
-    for d in devices:
-        kind = str(_value(d, an.TYPE))
-        totals[kind] = totals.get(kind, 0) + 1
+    totals = Counter(str(_value(d, an.TYPE)) for d in devices)
     seen: dict[str, int] = {}
     out: list[Device] = []
     for d in devices:

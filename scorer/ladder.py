@@ -80,7 +80,6 @@ from normalize.deviceclasses import device_class_name
 from .slowdown import PROFILES, stretch
 
 STD = "resource.kubernetes.io"
-PCIE_ROOT = f"{STD}/pcieRoot"
 NUMA_NODE = f"{STD}/numaNode"
 PCI_BUS_ID = f"{STD}/pciBusID"
 MAX_SUBREQUESTS = 8
@@ -100,8 +99,6 @@ NVLINK_PAIR_GBPS = 370.0
 SCALEUP_STRETCH = 2.0
 #: Rungs of the count ladder (no NICs), with the attribute its GPUs share.
 SET_RUNGS: tuple[tuple[str, str | None], ...] = (("numa", NUMA_NODE), ("any", None))
-#: Rungs of each ``gpu-i`` of the paired ladder.
-PAIR_RUNGS = ("paired", "any")
 #: gpu-0's rungs the CPU group's NUMA node is tied to (all: a GPU without a NUMA node, a
 #: cloud VM's, takes ``cpu/any``, which the CPU request tries second).
 GATE_NUMA_RUNGS = ("paired", "unpaired", "any")
@@ -238,7 +235,7 @@ def ladder_spec(
         # Pairs: the CPU request goes right after gpu-0, whose NUMA node it shares: a node
         # without a free CPU group there fails after gpu-0's few choices, not after every
         # placement of the GPUs and NICs, and later dead ends do not retry the CPU group.
-        requests.insert(1, cpu) if paired else requests.append(cpu)
+        requests.insert(1 if paired else len(requests), cpu)
         constraints.append({"requests": [*numa_refs, "cpu/numa"], "matchAttribute": NUMA_NODE})
     devices: dict[str, Any] = {"requests": requests}
     if constraints:
