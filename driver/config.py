@@ -68,6 +68,11 @@ class DaemonConfig:
     node_feature: bool = False
     """Keep the node's NFD NodeFeature (``--node-feature``)."""
     node_feature_namespace: str | None = None
+    bridge_auto: bool = False
+    """Also speak the dialects of the drivers seen on the node (``--bridge auto``)."""
+    duplicates: str = "yield"
+    """``yield``: leave out devices another driver publishes for the same hardware;
+    ``publish``: keep them (and say so)."""
     cdi_spec_dirs: tuple[str, ...] = ()
     """Where the vendor's CDI specs are looked for (``--cdi-spec-dirs`` + ``--cdi-root``);
     empty: the defaults and ``cdi_root``."""
@@ -230,6 +235,15 @@ def add_driver_args(p: argparse.ArgumentParser) -> None:
         "a vendor driver on the node already offers",
     )
     g.add_argument(
+        "--duplicates",
+        choices=["yield", "publish"],
+        default=_env("DUPLICATES", "yield"),
+        help="devices another driver on the node publishes for the same hardware (CPUs of "
+        "dra.cpu, NICs of dranet, GPUs of gpu.nvidia.com): yield leaves them to it, publish "
+        "keeps toposlice's copy (a pod can then be given them twice) ($DUPLICATES; default "
+        "%(default)s)",
+    )
+    g.add_argument(
         "--device-metadata",
         action=argparse.BooleanOptionalAction,
         default=(_env("DEVICE_METADATA", "true") or "true").lower() in ("1", "true", "yes"),
@@ -387,6 +401,9 @@ def load_config(
             f"--device-metadata: driver name {driver!r} must start with a letter "
             "(it is the CDI vendor of the metadata specs); or give --no-device-metadata"
         )
+    duplicates = str(getattr(args, "duplicates", "yield"))
+    if duplicates not in ("yield", "publish"):
+        raise ConfigError(f"--duplicates {duplicates!r}: want yield or publish")
     check_kubeconfig(args.kubeconfig)  # last: the other flags' errors are the likelier typo
     return DaemonConfig(
         node_name=str(args.node_name),
@@ -409,6 +426,8 @@ def load_config(
         device_metadata=bool(getattr(args, "device_metadata", True)),
         device_metadata_versions=metadata_versions,
         **_integration_config(args),
+        bridge_auto=getattr(args, "bridge", None) == "auto",
+        duplicates=duplicates,
         cdi_spec_dirs=spec_dirs,
     )
 

@@ -57,8 +57,11 @@ from .logs import log_dropped
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
 
+    from normalize.crossdriver import Neighbourhood
+
     from .dra_server import DraServer
     from .hotplug import Debouncer, UdevWatcher
+    from .neighbours import NeighbourWatch
     from .publisher import SlicePublisher
     from .registration import Registrar
     from .state import DriverState
@@ -205,6 +208,8 @@ class Daemon:
         """Why NVIDIA GPUs are published without NVML (driver/nvml_gap.py); empty if not."""
         self.vendor_cdi_gap = ""
         """Why GPUs get no vendor CDI device (driver/vendor_cdi.py); empty if not."""
+        self.neighbours: NeighbourWatch | None = None
+        """The other drivers on the node (driver/neighbours.py), once connected."""
 
     # -- ExporterView --------------------------------------------------------------------
 
@@ -239,9 +244,34 @@ class Daemon:
             },
         )
 
-    def _degraded(self) -> dict[str, str]:
+    def _degraded(self) -> dict[str, Any]:
         gaps = [g for g in (self.nvml_gap, self.vendor_cdi_gap) if g]
-        return {"degraded": "; ".join(gaps)} if gaps else {}
+        out: dict[str, Any] = {"degraded": "; ".join(gaps)} if gaps else {}
+        near = self.neighbours.current if self.neighbours is not None else None
+        if near is not None and near.drivers:
+            out["other_drivers"] = list(near.drivers)
+            out["bridges"] = list(self._bridges())
+            if near.taken:
+                out["yielded" if self.cfg.duplicates == "yield" else "double_published"] = (
+                    near.message()
+                    if self.cfg.duplicates == "yield"
+                    else near.message().replace("not publishing", "publishing")
+                )
+        return out
+
+    def _bridges(self) -> tuple[str, ...]:
+        """The dialects spoken now: the flag's, and with ``--bridge auto`` the neighbours'."""
+        static = self.cfg.normalize.bridges
+        near = self.neighbours.current if self.neighbours is not None else None
+        if not self.cfg.bridge_auto or near is None:
+            return static
+        return tuple(sorted(set(static) | set(near.bridges)))
+
+    def _left_to_others(self) -> frozenset[str]:
+        near = self.neighbours.current if self.neighbours is not None else None
+        if near is None or self.cfg.duplicates != "yield":
+            return frozenset()
+        return frozenset(near.taken)
 
     def allocated(self) -> Mapping[str, str]:
         return self.state.prepared_devices() if self.state is not None else {}
@@ -367,6 +397,7 @@ class Daemon:
         if self.metrics is not None:
             metrics = self.metrics
             self.publisher.on_write = lambda op, err, ok: metrics.slice_write(op, err, ok=ok)
+        self._start_neighbours()  # before the first write: never publish what others do
         self._publish_desired()
         self._check_nvml(self._snap.inventory)
         self._check_vendor_cdi(self._snap.inventory)
@@ -467,11 +498,56 @@ class Daemon:
     # -- loops ---------------------------------------------------------------------------
 
     def _publish_desired(self) -> None:
+        from normalize.dialects import bridge_devices
+
         snap, pub = self._snap, self.publisher
         if snap is None or pub is None:
             return
-        devices = list(snap.devices) + self.health_monitor.lost_devices()
-        pub.set_devices(devices, self.health_monitor.taints())
+        others = self._left_to_others()
+        devices = [d for d in snap.devices if d["name"] not in others]
+        devices += self.health_monitor.lost_devices()
+        pub.set_devices(bridge_devices(devices, self._bridges()), self.health_monitor.taints())
+
+    def _start_neighbours(self) -> None:
+        """Read the node's other drivers once now, then every resync interval."""
+        from .neighbours import NeighbourWatch, node_slices
+
+        client, cfg = self.client, self.cfg
+        if client is None or not (cfg.bridge_auto or cfg.duplicates == "yield"):
+            return
+        self.neighbours = NeighbourWatch(
+            lambda: node_slices(client, cfg.node_name),
+            self.snapshot,
+            self._neighbours_changed,
+            registry_dir=cfg.registrar_dir,
+            interval=cfg.resync_interval,
+        )
+        self.neighbours.read_once()
+        self.neighbours.start()
+
+    def _neighbours_changed(self, near: Neighbourhood) -> None:
+        """Say once what changed (log, Node Event, metric), then publish accordingly."""
+        from .neighbours import REASON
+
+        if self.metrics is not None:
+            self.metrics.set_neighbours(near, yielding=self.cfg.duplicates == "yield")
+        if near.drivers:
+            log.info(
+                "other drivers on the node: %s; speaking %s",
+                ", ".join(near.drivers),
+                ", ".join(self._bridges()) or "no other dialect",
+            )
+        text = near.message()
+        if text and self.cfg.duplicates != "yield":
+            text = (
+                text.replace("not publishing", "publishing (--duplicates publish)")
+                + "; toposlice doctor reports it"
+            )
+        if text:
+            log.warning("%s", text)
+            self._post_node_event(text, REASON)
+        if self.publisher is not None:  # the first read comes before the publisher starts
+            self._publish_desired()
 
     def rediscover(self) -> bool:
         """Discover again; True when the published devices changed."""
@@ -642,6 +718,8 @@ class Daemon:
             self.udev.stop()
         if self.debouncer is not None:
             self.debouncer.stop()
+        if self.neighbours is not None:
+            self.neighbours.stop()
         if self.publisher is not None:
             self.publisher.stop()
         for writer in self.topology_writers:

@@ -414,8 +414,12 @@ class HttpServer(HttpTransport):
             return False, "ResourceSlices not synced" + (
                 f": {st.last_error}" if st.last_error else ""
             )
-        degraded = st.details.get("degraded")
-        return True, f"ok, degraded: {degraded}" if degraded else "ok"
+        notes = [
+            f"{key.replace('_', ' ')}: {st.details[key]}"
+            for key in ("degraded", "yielded", "double_published")
+            if st.details.get(key)
+        ]
+        return True, ", ".join(["ok", *notes])
 
     def marks(self, r: Rendered) -> dict[str, Mark]:
         """Vertex id -> allocation and health of the devices of toposlice's pool."""

@@ -20,6 +20,7 @@ Free text (error messages, taint reasons, model strings outside ``*_info``) neve
 from __future__ import annotations
 
 import time
+from collections import Counter as Tally
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -38,6 +39,7 @@ from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from discovery.model import Inventory
+from normalize.crossdriver import Neighbourhood
 
 from .links import pcie_links
 
@@ -227,6 +229,14 @@ class DriverMetrics:
             "container (0 when NVML answers or there is none)",
             registry=r,
         )
+        self.shared_devices = Gauge(
+            f"{n}_devices_shared_with_other_drivers",
+            "toposlice devices whose hardware another driver on the node publishes too, by "
+            "that driver and what toposlice does: yielded (left out of its pool) or "
+            "published (--duplicates publish: a pod can be given them twice)",
+            ["driver", "action"],
+            registry=r,
+        )
         self.vendor_cdi_missing_gpus = Gauge(
             f"{n}_vendor_cdi_missing_gpus",
             "NVIDIA GPUs with the kernel driver bound but no usable nvidia.com/gpu CDI device "
@@ -255,6 +265,13 @@ class DriverMetrics:
         self.registry.register(_Collect(self._collect_all))
 
     # ---- events (daemon parts call these) ------------------------------------------------
+
+    def set_neighbours(self, near: Neighbourhood, *, yielding: bool) -> None:
+        """The devices other drivers publish too (driver/neighbours.py)."""
+        self.shared_devices.clear()
+        counts = Tally(d for ids in near.taken.values() for d in {i.driver for i in ids})
+        for driver, count in counts.items():
+            self.shared_devices.labels(driver, "yielded" if yielding else "published").set(count)
 
     def grpc_call(self, method: str, seconds: float, code: str = "OK") -> None:
         """One served gRPC call: ``method`` as grpc gives it (full path or short name)."""

@@ -130,6 +130,22 @@ class ApiSlices:
         items = data.get("items") or []
         return [i for i in items if isinstance(i, dict)]
 
+    def server_version(self) -> tuple[int, int] | None:
+        """The API server's (major, minor), or None when it does not say (the advice on
+        list attributes then covers both cases)."""
+        import re
+
+        from kubernetes import client
+
+        try:
+            info = client.VersionApi(self._api.api_client).get_code(_request_timeout=self.timeout)
+        except Exception as exc:
+            log.debug("GET /version failed: %s", exc)
+            return None
+        major = re.match(r"\d+", str(info.major or ""))
+        minor = re.match(r"\d+", str(info.minor or ""))
+        return (int(major.group()), int(minor.group())) if major and minor else None
+
 
 class Observer:
     """Re-reads the other drivers' slices every ``interval`` seconds and reports.

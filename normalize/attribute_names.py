@@ -14,11 +14,17 @@ PCIE_ROOT = f"{STANDARD_DOMAIN}/pcieRoot"
 NUMA_NODE = f"{STANDARD_DOMAIN}/numaNode"
 STANDARD_ATTRIBUTES = (PCI_BUS_ID, PCIE_ROOT, NUMA_NODE)
 
-LEGACY_NIC_NUMA = "dra.net/numaNode"
-"""dranet / SR-IOV network driver alias of the kernel NUMA node (``legacy_aliases``)."""
+BRIDGE_NUMA = "dra.net/numaNode"
+"""The kernel NUMA node under the name dranet's NICs and dra-driver-cpu's CPU groups both
+carry (neither publishes the standard ``numaNode``): with a bridge on (``--bridge``, or a
+neighbour seen on the node), on every toposlice device with one NUMA node, so
+``matchAttribute: dra.net/numaNode`` ties a toposlice GPU to their devices
+(normalize/dialects.py)."""
+LEGACY_NIC_NUMA = BRIDGE_NUMA
 LEGACY_CPU_NUMA = "dra.cpu/numaNodeID"
-"""CPU DRA driver alias (``legacy_aliases``)."""
-LEGACY_ATTRIBUTES = (LEGACY_NIC_NUMA, LEGACY_CPU_NUMA)
+"""dra-driver-cpu's own name for a CPU group's NUMA node: on toposlice's CPU devices with
+the ``dra.cpu`` bridge."""
+LEGACY_ATTRIBUTES = (BRIDGE_NUMA, LEGACY_CPU_NUMA)
 
 # Every device
 TYPE = "type"

@@ -21,6 +21,7 @@ from typing import Any, Literal
 from discovery.model import Inventory, PciDevice
 from discovery.readers import parse_cpulist
 
+from .attribute_names import BRIDGE_NUMA
 from .attributes import (
     NUMA_NODE,
     PCI_BUS_ID,
@@ -30,12 +31,15 @@ from .attributes import (
     AttributeDrop,
 )
 from .cpugroups import cpu_groups, device_numa, local_pcie_roots
+from .dialects import BRIDGEABLE, DIALECTS
 from .relations import canonical_bus_id
 from .snapshot import Snapshot
 
 REPORT_SCHEMA = "toposlice.normalization/v1"
 
-Severity = Literal["error", "warning"]
+Severity = Literal["error", "warning", "info"]
+"""``info``: advice on a driver's documented dialect, never an alarm (``doctor`` does not
+fail on it)."""
 
 #: Check names (a bounded set: they are metric labels).
 MISSING = "missing-standard-attribute"
@@ -47,6 +51,8 @@ BUSID_NO_ROOT = "pciBusID-without-pcieRoot"
 CPU_ROOTS_WIDE = "cpu-pcieRoot-wider-than-pinned"
 STALE_DRIVER = "driver-not-on-node"
 UNMATCHED = "unmatched-device"
+DOUBLE_PUBLISHED = "double-published"
+DIALECT = "dialect"
 CHECKS = (
     MISSING,
     DISAGREES,
@@ -57,18 +63,30 @@ CHECKS = (
     CPU_ROOTS_WIDE,
     STALE_DRIVER,
     UNMATCHED,
+    DOUBLE_PUBLISHED,
+    DIALECT,
 )
 _SEVERITY: dict[str, Severity] = {
     MISSING: "warning",
     DISAGREES: "error",
     INVALID: "error",
     LOOK_ALIKE: "warning",
-    SCALAR_VS_LIST: "warning",
+    SCALAR_VS_LIST: "info",
     BUSID_NO_ROOT: "error",
     CPU_ROOTS_WIDE: "error",
     STALE_DRIVER: "error",
     UNMATCHED: "warning",
+    DOUBLE_PUBLISHED: "error",
+    DIALECT: "info",
 }
+
+#: Kubernetes (major, minor) whose kube-scheduler first allocates ``matchAttribute`` over a
+#: list and a scalar (the ``DRAListTypeAttributes`` gate, alpha; v1.36's never selects the
+#: list-capable allocator: kubernetes#139332).
+LIST_MATCH_SINCE = (1, 37)
+
+#: dra-driver-cpu's grouped-mode device names carry the NUMA node: ``cpudevnuma001``.
+_CPU_GROUP_NAME = re.compile(r"^cpudevnuma0*(\d+)$")
 
 #: Driver-scoped names that mean a standard attribute (lower-cased identifier part).
 LOOK_ALIKES: dict[str, str] = {
@@ -166,6 +184,18 @@ class NormalizationReport:
     def warnings(self) -> int:
         return sum(1 for f in self.findings if f.severity == "warning")
 
+    @property
+    def infos(self) -> int:
+        return sum(1 for f in self.findings if f.severity == "info")
+
+    def double_published(self) -> dict[str, list[DraIdentity]]:
+        """Vertex id -> the devices of two or more drivers published for that hardware."""
+        out: dict[str, list[DraIdentity]] = {}
+        for vertex, ids in self.identities().items():
+            if len({i.driver for i in ids}) > 1:
+                out[vertex] = ids
+        return out
+
     def identities(self) -> dict[str, list[DraIdentity]]:
         """Vertex id -> the foreign DRA identities matched to it."""
         out: dict[str, list[DraIdentity]] = {}
@@ -192,6 +222,7 @@ class NormalizationReport:
                 "matched": sum(1 for m in self.matches if m.vertex),
                 "errors": self.errors,
                 "warnings": self.warnings,
+                "infos": self.infos,
                 "not_published": len(self.not_published),
             },
             "drivers": [asdict(d) for d in self.drivers],
@@ -344,8 +375,33 @@ def _cpu_ids(dev: _Device) -> list[int] | None:
     return sorted(set(ids)) or None
 
 
+def _named_numa(dev: _Device) -> int | None:
+    """The NUMA node a CPU driver's device name states (dra-driver-cpu's grouped mode)."""
+    m = _CPU_GROUP_NAME.match(dev.identity.device)
+    return int(m.group(1)) if m else None
+
+
+def _numa_attrs(dev: _Device) -> dict[str, int]:
+    """Every attribute that holds the device's NUMA node (the standard one, look-alikes,
+    dialect names) -> its (first) value."""
+    out: dict[str, int] = {}
+    for name, (kind, value) in dev.attrs.items():
+        if name != NUMA_NODE and LOOK_ALIKES.get(_ident(name)) != NUMA_NODE:
+            continue
+        if kind == "int" and isinstance(value, int):
+            out[name] = value
+        elif kind == "ints" and value and isinstance(value[0], int):
+            out[name] = value[0]
+    return out
+
+
+def _dialect_names(driver: str) -> tuple[str, ...]:
+    dialect = DIALECTS.get(driver)
+    return dialect.numa if dialect is not None else ()
+
+
 def _looks_cpu(dev: _Device) -> bool:
-    if "cpu" in dev.identity.driver.split(".")[0]:
+    if any("cpu" in part for part in dev.identity.driver.split(".")):
         return True
     return any(_ident(n) == "type" and v == "cpu" for n, (_k, v) in dev.attrs.items())
 
@@ -385,6 +441,9 @@ def _match(dev: _Device, hw: _Hardware) -> tuple[str | None, str | None, str | N
         if votes:
             return votes.most_common(1)[0][0], "cpus", None
     if _looks_cpu(dev):
+        named = _named_numa(dev)
+        if named is not None and named in hw.cpu_group_of_numa:
+            return hw.cpu_group_of_numa[named], "name", None
         for name, (kind, value) in dev.attrs.items():
             if (name == NUMA_NODE or LOOK_ALIKES.get(_ident(name)) == NUMA_NODE) and kind in (
                 "int",
@@ -418,12 +477,13 @@ class _Checker:
         )
 
     def look_alikes(self, dev: _Device) -> None:
+        known = _dialect_names(dev.identity.driver)
         for name in dev.attrs:
-            if name.startswith(f"{STANDARD_DOMAIN}/"):
+            if name.startswith(f"{STANDARD_DOMAIN}/") or name in known:
                 continue
             standard = LOOK_ALIKES.get(_ident(name))
-            if standard is None:
-                continue
+            if standard is None or standard in dev.attrs:
+                continue  # an alias beside the standard name misleads no claim
             self.add(
                 LOOK_ALIKE,
                 dev,
@@ -558,22 +618,18 @@ class _Checker:
     def cpu_device(self, dev: _Device) -> None:
         drv = dev.identity.driver
         cpus = _cpu_ids(dev)
+        named = _named_numa(dev)
+        numa_attrs = _numa_attrs(dev)
         if cpus:
             nodes = sorted({self.hw.cpu_numa[c] for c in cpus if c in self.hw.cpu_numa})
+        elif named is not None:
+            nodes = [named]
         else:
-            nodes = []
-            for name, (kind, value) in dev.attrs.items():
-                if name == NUMA_NODE or LOOK_ALIKES.get(_ident(name)) == NUMA_NODE:
-                    if kind == "int":
-                        nodes = [value]
-                    elif kind == "ints" and value:
-                        nodes = [value[0]]
-                    if nodes:
-                        break
+            nodes = list(numa_attrs.values())[:1]
         if not nodes:
             return
-        got_numa = dev.attrs.get(NUMA_NODE)
-        if got_numa is None:
+        known = cpus is not None or named is not None
+        if NUMA_NODE not in dev.attrs and not set(numa_attrs) & set(_dialect_names(drv)):
             self.add(
                 MISSING,
                 dev,
@@ -582,19 +638,18 @@ class _Checker:
                 attribute=NUMA_NODE,
                 expected=nodes[0] if len(nodes) == 1 else nodes,
             )
-        else:
-            kind, value = got_numa
-            published = [value] if kind == "int" else list(value or [])
-            if cpus and published and published[0] not in nodes:
+        for name, value in numa_attrs.items():
+            if known and value not in nodes:
                 self.add(
                     DISAGREES,
                     dev,
                     drv,
-                    f"{NUMA_NODE} is {value} but its CPUs are on node(s) {nodes}",
-                    attribute=NUMA_NODE,
+                    f"{name} is {value} but its CPUs are on node(s) {nodes}",
+                    attribute=name,
                     published=value,
-                    expected=nodes,
+                    expected=nodes[0] if len(nodes) == 1 else nodes,
                 )
+        self._cpu_counts(dev, nodes, cpus)
         roots_attr = dev.attrs.get(PCIE_ROOT)
         if roots_attr is None:
             return
@@ -626,6 +681,39 @@ class _Checker:
                 attribute=PCIE_ROOT,
                 published=published_roots,
             )
+
+    def _cpu_counts(self, dev: _Device, nodes: list[int], cpus: list[int] | None) -> None:
+        """A grouped CPU device's socket and CPU count against its NUMA node(s)."""
+        if cpus is not None:
+            return
+        inv = self.hw.inv
+        members = [c for n in inv.numa_nodes if n.id in nodes for c in n.cpus]
+        packages = {n.package for n in inv.numa_nodes if n.id in nodes and n.package is not None}
+        for name, (kind, value) in dev.attrs.items():
+            key = _ident(name)
+            if kind != "int" or not isinstance(value, int):
+                continue
+            if key in ("socketid", "socket", "package") and packages and value not in packages:
+                self.add(
+                    DISAGREES,
+                    dev,
+                    dev.identity.driver,
+                    f"{name} is {value} but NUMA node(s) {nodes} are on socket(s) "
+                    f"{sorted(packages)}",
+                    attribute=name,
+                    published=value,
+                    expected=sorted(packages),
+                )
+            elif key in ("numcpus", "cpucount") and members and value != len(members):
+                self.add(
+                    DISAGREES,
+                    dev,
+                    dev.identity.driver,
+                    f"{name} is {value} but NUMA node(s) {nodes} have {len(members)} CPUs",
+                    attribute=name,
+                    published=value,
+                    expected=len(members),
+                )
 
     def _root_numa(self, root: str) -> int | None:
         for p in self.hw.inv.pci_devices:
@@ -662,11 +750,14 @@ def normalization_report(
     slices: Sequence[dict[str, Any]],
     node: str | None = None,
     drivers_on_node: Iterable[str] | None = None,
+    server_version: tuple[int, int] | None = None,
 ) -> NormalizationReport:
     """Match the devices of ``slices`` (any drivers, API JSON form) to ``snap``'s graph and
     check their standard attributes. ``node`` filters slices by ``spec.nodeName`` (default:
     the snapshot's node); ``drivers_on_node`` (registered kubelet plugins) flags slices of
-    drivers that are gone. Older pool generations are ignored, as the scheduler does."""
+    drivers that are gone; ``server_version`` (the cluster's Kubernetes (major, minor))
+    makes the advice on list attributes true for that scheduler (None: both cases). Older
+    pool generations are ignored, as the scheduler does."""
     node = node if node is not None else snap.node_name
     live = current_slices(slices, node)
     hw = _Hardware.of(snap)
@@ -689,7 +780,9 @@ def normalization_report(
                 dev.identity.driver,
                 "matches no device of this node by pciBusID, GPU UUID, netdev/RDMA name or CPU ids",
             )
-    _scalar_vs_list(devices, checker)
+    _scalar_vs_list(devices, checker, server_version)
+    _dialects(devices, checker)
+    _double_published(devices, matches, checker)
     on_node = set(drivers_on_node) if drivers_on_node is not None else None
     summaries: dict[str, DriverSummary] = {}
     for s in live:
@@ -726,7 +819,77 @@ def normalization_report(
     )
 
 
-def _scalar_vs_list(devices: list[_Device], checker: _Checker) -> None:
+def _dialects(devices: list[_Device], checker: _Checker) -> None:
+    """One note per neighbour that names the NUMA node its own way, saying how a claim
+    ties its devices to the others'."""
+    present = sorted({d.identity.driver for d in devices} & set(BRIDGEABLE))
+    bridged = any(BRIDGE_NUMA in d.attrs for d in devices if d.identity.driver not in present)
+    for drv in present:
+        names = " and ".join(DIALECTS[drv].numa)
+        how = (
+            f"toposlice's devices carry {BRIDGE_NUMA} too"
+            if bridged
+            else f"toposlice publishes {BRIDGE_NUMA} with --bridge (run: auto, the default)"
+        )
+        checker.add(
+            DIALECT,
+            None,
+            drv,
+            f"{drv} names the NUMA node {names}, not {NUMA_NODE}: tie its devices to others "
+            f"with matchAttribute {BRIDGE_NUMA} ({how})",
+            attribute=BRIDGE_NUMA,
+        )
+
+
+def _double_published(
+    devices: list[_Device], matches: list[DeviceMatch], checker: _Checker
+) -> None:
+    """The same hardware published by two drivers: a pod can be given it twice."""
+    by_vertex: dict[str, list[DraIdentity]] = {}
+    for m in matches:
+        if m.vertex is not None:
+            by_vertex.setdefault(m.vertex, []).append(m.identity)
+    for vertex, ids in sorted(by_vertex.items()):
+        drivers = sorted({i.driver for i in ids})
+        if len(drivers) < 2:
+            continue
+        names = ", ".join(f"{i.device} ({i.driver})" for i in ids)
+        for drv in drivers:
+            mine = [i for i in ids if i.driver == drv]
+            checker.findings.append(
+                Finding(
+                    driver=drv,
+                    check=DOUBLE_PUBLISHED,
+                    severity=_SEVERITY[DOUBLE_PUBLISHED],
+                    pool=mine[0].pool,
+                    device=mine[0].device,
+                    message=f"{vertex} is published by {len(drivers)} drivers ({names}): a pod "
+                    "can be given the same hardware twice; publish it from one (toposlice "
+                    "yields by default, --duplicates yield)",
+                )
+            )
+
+
+def _list_advice(server_version: tuple[int, int] | None) -> str:
+    fixed = f"{LIST_MATCH_SINCE[0]}.{LIST_MATCH_SINCE[1]}"
+    old = (
+        "never allocates on this cluster's scheduler (it does not select the list-capable "
+        "allocator before " + fixed + ", kubernetes#139332): align on "
+        f"{BRIDGE_NUMA} or with CEL selectors"
+    )
+    new = "needs the DRAListTypeAttributes gate (alpha) on kube-apiserver and kube-scheduler"
+    if server_version is None:
+        return (
+            f"matchAttribute across them never allocates before Kubernetes {fixed} "
+            f"(kubernetes#139332; align on {BRIDGE_NUMA} or with CEL selectors) and from "
+            f"{fixed} {new}"
+        )
+    return f"matchAttribute across them {new if server_version >= LIST_MATCH_SINCE else old}"
+
+
+def _scalar_vs_list(
+    devices: list[_Device], checker: _Checker, server_version: tuple[int, int] | None = None
+) -> None:
     forms: dict[str, dict[str, set[str]]] = {}
     for dev in devices:
         for name, (kind, _value) in dev.attrs.items():
@@ -747,7 +910,7 @@ def _scalar_vs_list(devices: list[_Device], checker: _Checker) -> None:
                 None,
                 drv,
                 f"{name} is a scalar for {', '.join(scalar)} but a list for {', '.join(listed)}: "
-                "matchAttribute across them needs the DRAListTypeAttributes gate",
+                + _list_advice(server_version),
                 attribute=name,
             )
 
@@ -789,3 +952,80 @@ def with_dra_identities(
             v = {**v, "attrs": {**v["attrs"], "dra": ids}}
         vertices.append(v)
     return {**graph, "vertices": vertices}
+
+
+@dataclass(frozen=True)
+class Neighbourhood:
+    """What the other drivers on this node mean for what toposlice publishes."""
+
+    drivers: tuple[str, ...] = ()
+    """Other drivers with current slices here (registered with the kubelet, when known)."""
+    bridges: tuple[str, ...] = ()
+    """Of those, the ones whose NUMA dialect toposlice can speak (normalize/dialects.py)."""
+    taken: Mapping[str, tuple[DraIdentity, ...]] = field(default_factory=dict)
+    """toposlice device name -> the other drivers' devices for the same hardware."""
+
+    def message(self) -> str:
+        """One line on the devices left to others ('' when none)."""
+        if not self.taken:
+            return ""
+        by_driver: dict[str, list[str]] = {}
+        for name, ids in sorted(self.taken.items()):
+            for drv in sorted({i.driver for i in ids}):
+                by_driver.setdefault(drv, []).append(name)
+        parts = [
+            f"{len(names)} device(s) published by {drv} too ({', '.join(names[:4])}"
+            + (", ..." if len(names) > 4 else "")
+            + ")"
+            for drv, names in sorted(by_driver.items())
+        ]
+        return "not publishing " + "; ".join(parts) + ": a pod could be given them twice"
+
+
+def neighbourhood(
+    snap: Snapshot,
+    slices: Sequence[dict[str, Any]],
+    drivers_on_node: Iterable[str] | None = None,
+) -> Neighbourhood:
+    """The other drivers of ``snap``'s node in ``slices`` and which of ``snap``'s devices
+    they publish too (matched to the hardware as :func:`normalization_report` does, by the
+    facts each driver publishes). A driver whose slices outlived it (not registered, when
+    ``drivers_on_node`` is known) is not counted: nothing could allocate its devices."""
+    on_node = set(drivers_on_node) if drivers_on_node is not None else None
+    live = [
+        s
+        for s in current_slices(slices, snap.node_name)
+        if _pool_key(s)[0] != snap.driver and (on_node is None or _pool_key(s)[0] in on_node)
+    ]
+    hw = _Hardware.of(snap)
+    taken: dict[str, set[DraIdentity]] = {}
+    for dev in _devices(live):
+        vertex, _by, _bus = _match(dev, hw)
+        vertices = {vertex} if vertex else set()
+        if vertex and vertex.startswith("cpu_group:"):
+            vertices |= _cpu_vertices(dev, hw)  # every group its CPUs overlap
+        for v in vertices:
+            name = snap.vertex_devices.get(v)
+            if name is not None:
+                taken.setdefault(name, set()).add(dev.identity)
+    drivers = tuple(sorted({_pool_key(s)[0] for s in live}))
+    return Neighbourhood(
+        drivers=drivers,
+        bridges=tuple(d for d in drivers if d in BRIDGEABLE),
+        taken={
+            n: tuple(sorted(ids, key=lambda i: (i.driver, i.device)))
+            for n, ids in sorted(taken.items())
+        },
+    )
+
+
+def _cpu_vertices(dev: _Device, hw: _Hardware) -> set[str]:
+    """The CPU-group vertices a CPU driver's device overlaps: by its CPU ids, else by the
+    CPUs of the NUMA node it names."""
+    cpus = _cpu_ids(dev)
+    if not cpus:
+        numa = _named_numa(dev)
+        if numa is None:
+            numa = next(iter(_numa_attrs(dev).values()), None)
+        cpus = [c for c, n in hw.cpu_numa.items() if n == numa] if numa is not None else []
+    return {hw.cpu_group_of_cpu[c] for c in cpus if c in hw.cpu_group_of_cpu}

@@ -29,6 +29,7 @@ from .attributes import (
     value_count,
 )
 from .cpugroups import CpuGroup, cpu_list_text
+from .dialects import bridge_devices
 from .limits import MAX_ATTRIBUTE_VALUES, MAX_ATTRS_AND_CAPACITY, MAX_STRING
 from .options import NormalizeOptions
 from .pool import PoolPlan, plan_pool
@@ -289,8 +290,6 @@ def nic_device(
     b.string(an.NODE_GUID, nic.node_guid)
     _pcie_link_attrs(b, pci)
     _alignment_attrs(b, align, nic.bus_id)
-    if opts.legacy_aliases and pci is not None and pci.numa_node is not None:
-        b.put(an.LEGACY_NIC_NUMA, a_int(pci.numa_node))
     return b.device_dict({})
 
 
@@ -317,8 +316,6 @@ def cpu_device(
             b.strings(an.PCIE_ROOTS, list(group.pcie_roots))
         else:
             b.joined(an.PCIE_ROOTS, list(group.pcie_roots), an.PCIE_ROOTS_TRUNCATED)
-    if opts.legacy_aliases and group.numa_node is not None:
-        b.put(an.LEGACY_CPU_NUMA, a_int(group.numa_node))
     capacity: dict[str, Any] = {an.CAPACITY_CPUS: {"value": str(len(group.cpus))}}
     if group.memory_bytes:
         capacity[an.CAPACITY_MEMORY] = {"value": quantity(group.memory_bytes)}
@@ -359,7 +356,8 @@ def build_devices_reported(
             if entry.name != group.name:
                 group = replace(group, name=entry.name)
             out.append(cpu_device(inv, group, opts, dropped))
-    return number_by_type(allocation_order(out), dropped), dropped
+    numbered = number_by_type(allocation_order(out), dropped)
+    return bridge_devices(numbered, opts.bridges), dropped
 
 
 def number_by_type(devices: list[Device], dropped: list[AttributeDrop]) -> list[Device]:

@@ -28,8 +28,9 @@ class NormalizeOptions:
     CPU-group PCIe roots as ``strings`` lists. Needs the ``DRAListTypeAttributes`` gate."""
     cpu_grouping: CpuGrouping = "numa"
     """One CPU device per NUMA node, per L3 cache group, or per physical core."""
-    legacy_aliases: bool = False
-    """Also publish ``dra.net/numaNode`` on NICs and ``dra.cpu/numaNodeID`` on CPU groups."""
+    bridges: tuple[str, ...] = ()
+    """Neighbour drivers whose NUMA dialect every device also speaks (``dra.cpu``,
+    ``dra.net``: normalize/dialects.py); ``run`` adds those it sees on the node."""
     matrix_nics: MatrixNics = "rdma"
     """NICs in the graph's relation matrix: ``rdma`` physical functions (nvidia-smi's set)
     or ``all`` network functions."""
@@ -41,5 +42,8 @@ class NormalizeOptions:
             raise ValueError(f"cpu_grouping must be numa, l3 or core, not {self.cpu_grouping!r}")
         if self.matrix_nics not in ("rdma", "all"):
             raise ValueError(f"matrix_nics must be rdma or all, not {self.matrix_nics!r}")
+        from .dialects import check_bridges
+
+        object.__setattr__(self, "bridges", check_bridges(self.bridges))
         if self.max_devices_per_slice < 1:
             raise ValueError("max_devices_per_slice must be >= 1")

@@ -105,6 +105,37 @@ GATE_NUMA_RUNGS = ("paired", "unpaired", "any")
 
 
 @dataclass(frozen=True)
+class NeighbourCpus:
+    """CPUs from another driver (``toposlice claim --cpus-from dra.cpu``), all on the
+    GPUs' NUMA node.
+
+    The request is hard (``exactly``): a node without that many free CPUs on the node of
+    GPUs it can give fails, rather than handing out CPUs of the other socket. It is tied to
+    every GPU request, all their rungs, by ``matchAttribute`` on the neighbour's NUMA name
+    (``dra.net/numaNode``, which toposlice's devices carry with the bridge on: ``run``'s
+    default when the neighbour publishes on the node), the one the v1.36 scheduler evaluates
+    across the two drivers (docs/integrations.md)."""
+
+    driver: str
+    cpus: int
+    individual: bool = False
+    """The neighbour runs one device per CPU (dra-driver-cpu ``--cpu-device-mode=individual``):
+    ask for ``cpus`` devices; grouped (its default): one NUMA-node device and ``cpus`` of its
+    consumable capacity."""
+
+    def request(self) -> dict[str, Any]:
+        from normalize.dialects import DIALECTS
+
+        dialect = DIALECTS[self.driver]
+        cls = dialect.device_class or self.driver
+        if self.individual or not dialect.cpu_capacity:
+            return {"name": "cpus", "exactly": _exact(cls, self.cpus)}
+        exact = _exact(cls, 1)
+        exact["capacity"] = {"requests": {dialect.cpu_capacity: str(self.cpus)}}
+        return {"name": "cpus", "exactly": exact}
+
+
+@dataclass(frozen=True)
 class Chosen:
     """A scored placement to put first in the ladder (``--emit-claim``): GPU bus ids in
     request order, and for each the attribute its pair shares with its NICs (or None)."""
@@ -168,15 +199,18 @@ def ladder_spec(
     cpu_groups: int = 0,
     chosen: Chosen | None = None,
     scaleup: bool = False,
+    cpus_from: NeighbourCpus | None = None,
 ) -> dict[str, Any]:
     """The ResourceClaimSpec of a ladder for ``gpus`` GPUs with ``nics_per_gpu`` NICs each
     (and ``cpu_groups`` CPU-group devices on the first GPU's NUMA node if free); ``scaleup``
     (:func:`wants_scaleup`) puts a ``scaleup`` rung first: on ``gpu-1``, or on the count
-    ladder's set."""
+    ladder's set; ``cpus_from`` adds another driver's CPUs on the GPUs' NUMA node."""
     if gpus < 1:
         raise ValueError("a ladder needs at least one GPU")
     if nics_per_gpu < 0 or cpu_groups < 0:
         raise ValueError("NIC and CPU counts must not be negative")
+    if cpus_from is not None and cpu_groups:
+        raise ValueError("CPUs come from toposlice's CPU groups or from another driver, not both")
     gcls = device_class_name("gpu", driver)
     ncls = device_class_name("nic", driver)
     ccls = device_class_name("cpu", driver)
@@ -223,6 +257,10 @@ def ladder_spec(
             # aligns the CPU group with it, and a GPU without a NUMA node (a cloud VM's)
             # fails it and takes `any`, with the CPU group left unaligned.
             numa_refs.append(f"gpus/{rung}")
+        if cpus_from is not None and len(subs) > 1 and subs[-1]["name"] == "any":
+            # Tied to the other driver's CPUs, `any` GPUs share their NUMA node too: the
+            # rung would only search again what `numa` searched.
+            subs.pop()
         requests.append({"name": "gpus", "firstAvailable": subs[:MAX_SUBREQUESTS]})
         if nics_per_gpu:
             requests.append({"name": "nics", "exactly": _exact(ncls, gpus * nics_per_gpu)})
@@ -237,10 +275,26 @@ def ladder_spec(
         # placement of the GPUs and NICs, and later dead ends do not retry the CPU group.
         requests.insert(1 if paired else len(requests), cpu)
         constraints.append({"requests": [*numa_refs, "cpu/numa"], "matchAttribute": NUMA_NODE})
+    if cpus_from is not None:
+        _add_neighbour_cpus(requests, constraints, cpus_from)
     devices: dict[str, Any] = {"requests": requests}
     if constraints:
         devices["constraints"] = constraints
     return {"devices": devices}
+
+
+def _add_neighbour_cpus(
+    requests: list[dict[str, Any]], constraints: list[dict[str, Any]], cpus: NeighbourCpus
+) -> None:
+    """The neighbour's CPU request right after the first GPU request (a node without the
+    CPUs there fails after that GPU's few choices), tied to every GPU request."""
+    from normalize.attribute_names import BRIDGE_NUMA
+
+    gpu_requests = [r["name"] for r in requests if r["name"] == "gpus" or r["name"][:4] == "gpu-"]
+    if len(constraints) >= MAX_CONSTRAINTS or len(gpu_requests) + 1 > MAX_CONSTRAINT_REFS:
+        raise ValueError("too many GPU requests to tie another driver's CPUs to them")
+    requests.insert(1, cpus.request())
+    constraints.append({"requests": [*gpu_requests, "cpus"], "matchAttribute": BRIDGE_NUMA})
 
 
 def window(driver: str, i: int, n: int, per: int = 1) -> str:

@@ -45,7 +45,9 @@ def test_published_names_are_declared() -> None:
     for machine in ("dgx-h100", "mi300x-8", "cloud-vm-1gpu"):
         inv = discover(fake=machine)
         for grouping in ("numa", "l3", "core"):
-            o = NormalizeOptions(numa_list=True, legacy_aliases=True, cpu_grouping=grouping)
+            o = NormalizeOptions(
+                numa_list=True, bridges=("dra.cpu", "dra.net"), cpu_grouping=grouping
+            )
             for dev in build_devices(inv, o):
                 seen.update(dev["attributes"])
                 assert set(dev.get("capacity", {})) <= set(an.CAPACITIES)

@@ -48,7 +48,7 @@ EXPECTED_BY = {
     ("gpu.nvidia.com", "gpu-5"): "uuid",
     ("dra.net", "enp170s0f0np0"): "netdev",
     ("dra.net", "rdma-mlx5-9"): "rdma",
-    ("dra.cpu", "cpudevnuma000"): "cpus",
+    ("dra.cpu", "cpudevnuma000"): "name",
 }
 PLANTED = {
     ("gpu.nvidia.com", "gpu-2", "disagrees-with-hardware", PCIE),
@@ -59,8 +59,8 @@ PLANTED = {
     ("gpu.nvidia.com", "gpu-7", "look-alike-attribute", "gpu.nvidia.com/numa"),
     ("gpu.nvidia.com", "gpu-0", "missing-standard-attribute", NUMA),
     ("dra.net", "ibp79s0", "disagrees-with-hardware", NUMA),
-    ("dra.net", "enp41s0f0np0", "look-alike-attribute", "dra.net/pciAddress"),
-    ("dra.net", "ibp24s0", "look-alike-attribute", "dra.net/numaNode"),
+    ("dra.cpu", None, "dialect", "dra.net/numaNode"),
+    ("dra.net", None, "dialect", "dra.net/numaNode"),
     ("dra.net", "enp170s0f0np0", "missing-standard-attribute", BUS),
     ("dra.net", "rdma-mlx5-9", "missing-standard-attribute", BUS),
     (
@@ -74,8 +74,10 @@ PLANTED = {
     ("sriovnetwork.example.com", None, "driver-not-on-node", None),
     ("sriovnetwork.example.com", "vf-0", "unmatched-device", None),
 }
-# Correct values that must not be flagged.
+# Correct values that must not be flagged (an alias beside the standard name included).
 NOT_FLAGGED = {
+    ("dra.net", "enp41s0f0np0", "look-alike-attribute"),
+    ("dra.net", "ibp24s0", "look-alike-attribute"),
     ("gpu.nvidia.com", "gpu-1", "disagrees-with-hardware"),
     ("dra.net", "ibp64s0", "disagrees-with-hardware"),
     ("dra.cpu", "cpudevnuma001", "cpu-pcieRoot-wider-than-pinned"),

@@ -2,6 +2,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from discovery.model import Gpu, Inventory, Nic, PciDevice
 from normalize.attributes import (
     NUMA_NODE,
@@ -152,13 +154,20 @@ def test_every_limit_that_keeps_a_value_out_is_reported() -> None:
     assert {d.attribute for d in report} == {"huge", *(f"a{i}" for i in range(32, 40))}
 
 
-def test_legacy_aliases() -> None:
-    devs = build_devices(dgx(), NormalizeOptions(legacy_aliases=True))
-    assert _dev(devs, "nic-0000-9d-00-0")["attributes"]["dra.net/numaNode"] == {"int": 1}
+def test_bridges_put_the_neighbours_numa_name_on_every_device() -> None:
+    devs = build_devices(dgx(), NormalizeOptions(bridges=("dra.cpu",)))
+    for name in ("nic-0000-9d-00-0", "gpu-0000-9c-00-0", "cpu-numa1"):
+        attrs = _dev(devs, name)["attributes"]
+        assert attrs["dra.net/numaNode"] == attrs["resource.kubernetes.io/numaNode"] == {"int": 1}
+        # right behind the type and numbering: the budget drops other attributes first
+        assert list(attrs).index("dra.net/numaNode") <= 3
     assert _dev(devs, "cpu-numa1")["attributes"]["dra.cpu/numaNodeID"] == {"int": 1}
-    assert "dra.net/numaNode" not in _dev(devs, "gpu-0000-9c-00-0")["attributes"]
+    devs = build_devices(dgx(), NormalizeOptions(bridges=("dra.net",)))
+    assert "dra.cpu/numaNodeID" not in _dev(devs, "cpu-numa1")["attributes"]
     devs = build_devices(dgx())
-    assert "dra.net/numaNode" not in _dev(devs, "nic-0000-9d-00-0")["attributes"]
+    assert all("dra.net/numaNode" not in d["attributes"] for d in devs)
+    with pytest.raises(ValueError, match="unknown bridge"):
+        NormalizeOptions(bridges=("gpu.nvidia.com",))
 
 
 def test_nic_attributes_and_vf() -> None:

@@ -31,7 +31,7 @@ options = st.builds(
     NormalizeOptions,
     numa_list=st.booleans(),
     cpu_grouping=st.sampled_from(["numa", "l3", "core"]),
-    legacy_aliases=st.booleans(),
+    bridges=st.sampled_from([(), ("dra.net",), ("dra.cpu", "dra.net")]),
     max_devices_per_slice=st.integers(1, 200),
 )
 

@@ -15,7 +15,7 @@ K8S_VERSION = "1.37"  # newest schema set shipped with kubernetes-validate (has 
 
 OPTION_SETS = [
     NormalizeOptions(),
-    NormalizeOptions(numa_list=True, legacy_aliases=True),
+    NormalizeOptions(numa_list=True, bridges=("dra.cpu", "dra.net")),
     NormalizeOptions(cpu_grouping="l3"),
     NormalizeOptions(cpu_grouping="core", numa_list=True),
 ]

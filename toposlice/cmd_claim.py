@@ -22,6 +22,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--cpu-groups", type=count(0, 8), default=0, help="CPU-group devices, 0..8 (default 0)"
     )
+    from normalize.dialects import CPU_DRIVERS
+
+    p.add_argument(
+        "--cpus-from",
+        choices=CPU_DRIVERS,
+        default=None,
+        metavar="DRIVER",
+        help=f"take the CPUs from this DRA driver ({', '.join(CPU_DRIVERS)}), all on the GPUs' "
+        "NUMA node (matchAttribute dra.net/numaNode: `run` publishes it beside that driver); "
+        "instead of --cpu-groups",
+    )
+    p.add_argument(
+        "--cpus", type=count(1, 4096), default=None, help="CPUs to take with --cpus-from"
+    )
+    p.add_argument(
+        "--cpu-device-mode",
+        choices=["grouped", "individual"],
+        default="grouped",
+        help="how --cpus-from's driver publishes CPUs: grouped (one device per NUMA node, "
+        "CPUs as its capacity; dra-driver-cpu's default) or individual (one device per CPU) "
+        "(default %(default)s)",
+    )
     p.add_argument(
         "--min-gpu-memory", default=None, metavar="QUANTITY", help="GPU memory at least (40Gi)"
     )
@@ -89,7 +111,15 @@ def build(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     # or xGMI, so it is spent only where the workload is stated and gains from it.
     pattern = args.pattern or (req.pattern if req else None)
     scaleup = pattern is not None and wants_scaleup(pattern, gpus)
-    spec = ladder_spec(gpus, nics, args.driver, selectors, args.cpu_groups, scaleup=scaleup)
+    spec = ladder_spec(
+        gpus,
+        nics,
+        args.driver,
+        selectors,
+        args.cpu_groups,
+        scaleup=scaleup,
+        cpus_from=neighbour_cpus(args),
+    )
     name = args.name or (req.name if req else f"gpus-{gpus}" + (f"-nics-{nics}" if nics else ""))
     from toposlice.sources import check_object_name
 
@@ -100,6 +130,23 @@ def build(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
         if not is_dns_label(args.namespace):
             raise ValueError(f"--namespace {args.namespace!r} is not a DNS-1123 label")
     return name, spec
+
+
+def neighbour_cpus(args: argparse.Namespace) -> Any:
+    """``--cpus-from`` / ``--cpus`` / ``--cpu-device-mode`` as a NeighbourCpus, or None."""
+    from scorer.ladder import NeighbourCpus
+
+    cpus_from = getattr(args, "cpus_from", None)
+    cpus = getattr(args, "cpus", None)
+    if cpus_from is None:
+        if cpus is not None:
+            raise ValueError("--cpus needs --cpus-from (toposlice's own CPUs: --cpu-groups)")
+        return None
+    if getattr(args, "cpu_groups", 0):
+        raise ValueError("--cpus-from and --cpu-groups: take CPUs from one driver")
+    if cpus is None:
+        raise ValueError(f"--cpus-from {cpus_from} needs --cpus N")
+    return NeighbourCpus(cpus_from, cpus, individual=args.cpu_device_mode == "individual")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -123,6 +170,7 @@ def run(args: argparse.Namespace) -> int:
         for r in spec["devices"]["requests"]
         for alt in r.get("firstAvailable") or [r.get("exactly") or {}]
     }
+    # Another driver's DeviceClass comes with that driver: only toposlice's are listed.
     classes = [c for c in device_classes(args.driver) if c["metadata"]["name"] in used]
     doc = {"apiVersion": "v1", "kind": "List", "items": [template, *classes]}
     for machine in args.fake:
@@ -152,13 +200,27 @@ def _on_machine(machine: str, spec: dict[str, Any], args: argparse.Namespace) ->
     opts = NormalizeOptions(driver=driver)
     inv = discover("/", fake=machine)
     slices = build_slices(inv, "node", opts)
+    note = ""
+    if getattr(args, "cpus_from", None):
+        # The model holds toposlice's devices only: it places the GPUs (and NICs) alone.
+        note = f" ({args.cpus_from}'s CPUs not modelled)"
+        devices = spec["devices"]
+        spec = {
+            "devices": {
+                "requests": [r for r in devices["requests"] if r["name"] != "cpus"],
+                "constraints": [
+                    c for c in devices.get("constraints", []) if "cpus" not in c["requests"]
+                ],
+            }
+        }
     got = Allocator(slices, device_classes(driver), "node").allocate(spec)
     if got is None:
-        return "unsatisfiable"
+        return "unsatisfiable" + note
     topo = from_graph(build_graph(inv, opts, node_name="node"))
     req = _score_request(args, spec)
     placement = score_devices(topo, Occupancy(), req, [r.device for r in got])
-    return f"score {placement.score:.2f}; " + "; ".join(f"{r.request} = {r.device}" for r in got)
+    picked = "; ".join(f"{r.request} = {r.device}" for r in got)
+    return f"score {placement.score:.2f}; {picked}{note}"
 
 
 def _score_request(args: argparse.Namespace, spec: dict[str, Any]) -> Any:

@@ -53,6 +53,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "host: /etc/cdi,/var/run/cdi; not checked for --fake/--inventory unless given)",
     )
     p.add_argument(
+        "--kubernetes-version",
+        metavar="MAJOR.MINOR",
+        help="the cluster's Kubernetes version, for advice that depends on the scheduler "
+        "(default: the API server's, with --kubeconfig; unknown with --slices)",
+    )
+    p.add_argument(
         "-o",
         "--output",
         choices=["table", "json", "yaml"],
@@ -87,10 +93,14 @@ def run(args: argparse.Namespace) -> int:
     inv = load_inventory(args)
     node = node_name_of(args, inv)
     snap = build_snapshot(inv, node, normalize_options(args))
+    version = _version_flag(args.kubernetes_version)
     if args.slices:
         _check_for_node(slices, node)
     else:
-        slices = ApiSlices(node, args.kubeconfig).list()
+        api = ApiSlices(node, args.kubeconfig)
+        slices = api.list()
+        if version is None:
+            version = api.server_version()
     drivers: set[str] | None = None
     if args.drivers is not None:
         drivers = {d.strip() for d in args.drivers.split(",") if d.strip()}
@@ -102,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
                 "not checking for drivers gone from the node",
                 file=sys.stderr,
             )
-    report = normalization_report(snap, slices, node, drivers)
+    report = normalization_report(snap, slices, node, drivers, version)
     report.findings.extend(vendor_cdi_findings(args, inv))
     if args.output == "table":
         sys.stdout.write(report_table(report.to_dict()))
@@ -110,6 +120,17 @@ def run(args: argparse.Namespace) -> int:
         dump(report.to_dict(), args.output)
     failing = report.errors if args.fail_on == "error" else report.errors + report.warnings
     return 1 if failing else 0
+
+
+def _version_flag(text: str | None) -> tuple[int, int] | None:
+    if text is None:
+        return None
+    import re
+
+    m = re.match(r"^v?(\d+)\.(\d+)(\.\d+)?$", text.strip())
+    if m is None:
+        raise ValueError(f"--kubernetes-version {text!r}: want MAJOR.MINOR, e.g. 1.36")
+    return int(m.group(1)), int(m.group(2))
 
 
 VENDOR_CDI_CHECK = "vendor-cdi-missing"
@@ -185,7 +206,8 @@ def report_table(report: dict[str, Any]) -> str:
     out = [
         f"node {report['node']}: {plural(s['devices'], 'device')} of "
         f"{plural(s['drivers'], 'driver')}, {s['matched']} matched to hardware; "
-        f"{plural(s['errors'], 'error')}, {plural(s['warnings'], 'warning')}",
+        f"{plural(s['errors'], 'error')}, {plural(s['warnings'], 'warning')}"
+        + (f", {plural(s['infos'], 'note')}" if s.get("infos") else ""),
         "",
     ]
     rows: list[tuple[str, ...]] = [("DRIVER", "POOLS", "DEVICES", "MATCHED", "ON NODE", "FINDINGS")]

@@ -1,6 +1,9 @@
-"""``toposlice machines [list]`` and ``toposlice machines capture``.
+"""``toposlice machines [list]``, ``toposlice machines capture`` and ``toposlice machines tree``.
 
-``list`` (the default) prints the built-in fake machines. ``capture`` writes a machine
+``list`` (the default) prints the built-in fake machines. ``tree`` writes a machine's
+generated tree (``sys/``, ``proc/cpuinfo``, ...) to a directory, for another driver to
+run on with it bind-mounted over ``/sys`` (docs/fake-hardware.md, "Running another
+driver on a fake machine"). ``capture`` writes a machine
 file in the fake format from a live host, a dump, a gathered archive or a saved
 inventory: ``--fake node.yaml`` then generates a machine that discovery reads back as
 the same inventory (docs/fake-hardware.md, "Captured machines"). After writing, the
@@ -19,7 +22,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     from toposlice.cli import examples
 
-    sub = p.add_subparsers(dest="machines_command", metavar="{list,capture}")
+    sub = p.add_subparsers(dest="machines_command", metavar="{list,capture,tree}")
     sub.add_parser(
         "list",
         help="list the built-in fake machines (the default)",
@@ -53,10 +56,37 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     cap.add_argument(
         "--no-check", action="store_true", help="do not regenerate the machine to compare"
     )
+    tree = sub.add_parser(
+        "tree",
+        help="write a machine's sysfs tree to a directory (for other drivers)",
+        description="Write a fake machine's generated tree (sys/, proc/cpuinfo, etc/hostname, "
+        "...) under DIR, for another driver to run on with DIR/sys bind-mounted over /sys "
+        "in a mount namespace of its own.",
+        epilog=examples(
+            "toposlice machines tree dgx-h100 --to /tmp/fake",
+            "sudo unshare -m --propagation private "
+            "sh -c 'mount --bind /tmp/fake/sys /sys && exec DRIVER ...'",
+        ),
+        formatter_class=ap.RawDescriptionHelpFormatter,
+    )
+    tree.add_argument(
+        "machine", metavar="NAME|FILE.yaml", help="a shipped machine (machines list) or a file"
+    )
+    tree.add_argument(
+        "--to", required=True, metavar="DIR", help="where to write (made when missing)"
+    )
+    tree.add_argument(
+        "--force",
+        action="store_true",
+        help="write into a non-empty DIR, replacing the top-level paths the tree has there",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
-    if getattr(args, "machines_command", None) != "capture":
+    command = getattr(args, "machines_command", None)
+    if command == "tree":
+        return _tree(args)
+    if command != "capture":
         from discovery.fake import list_machines
 
         for name in list_machines():
@@ -114,3 +144,51 @@ def _check(inv: object, text: str) -> list[str]:
     with fake_host(spec) as host:
         replayed = discover(str(host.root), nvml=host.nvml)
     return capture_differences(inv, replayed)
+
+
+def _tree(args: argparse.Namespace) -> int:
+    """Build the tree in a scratch folder inside DIR, then move each top-level entry into
+    place (over an existing one only with --force); one line per entry on stdout."""
+    import os
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from discovery.fake import load_machine
+    from discovery.fake.sysfs_builder import build_sysfs
+
+    to = Path(args.to)
+    if to.resolve() == Path("/"):
+        raise ValueError(f"--to {args.to}: refusing to write over the root filesystem")
+    if to.exists() and not to.is_dir():
+        raise ValueError(f"--to {args.to}: not a directory")
+    if to.is_dir() and any(to.iterdir()) and not args.force:
+        raise ValueError(f"--to {args.to}: not empty (--force replaces what the tree writes)")
+    spec = load_machine(args.machine)  # ValueError for an unknown name or a bad file
+    to.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=".toposlice-tree-", dir=to))
+    try:
+        build_sysfs(spec, scratch)
+        entries = sorted(os.listdir(scratch))
+        for name in entries:
+            target = to / name
+            if os.path.ismount(target):
+                raise ValueError(f"--to {args.to}: {target} is a mount point; not replaced")
+        for name in entries:
+            target = to / name
+            if target.is_symlink() or target.is_file():
+                target.unlink()
+            elif target.exists():
+                shutil.rmtree(target)
+            os.rename(scratch / name, target)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    for name in entries:
+        print(to / name)
+    sysdir = (to / "sys").resolve()
+    print(
+        f"toposlice: {spec.name}'s tree is in {to}; run a driver on it (as root) with\n"
+        f"  unshare -m --propagation private sh -c 'mount --bind {sysdir} /sys && exec DRIVER ...'",
+        file=sys.stderr,
+    )
+    return 0

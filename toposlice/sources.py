@@ -84,10 +84,44 @@ def add_normalize_args(p: argparse.ArgumentParser, *, driver_env: bool = False) 
         "lists them (default), or every network function",
     )
     p.add_argument(
-        "--legacy-aliases",
-        action="store_true",
-        help="also publish dra.net/numaNode and dra.cpu/numaNodeID",
+        "--bridge",
+        type=bridge_arg,
+        default=(os.environ.get("BRIDGE") or "auto") if driver_env else "none",
+        metavar="DRIVERS",
+        help="neighbour drivers whose NUMA attribute every device also carries, so claims "
+        "can tie them with matchAttribute: dra.cpu,dra.net (both: dra.net/numaNode; "
+        "dra.cpu adds dra.cpu/numaNodeID on CPUs), none"
+        + (", or auto: those whose slices are on the node ($BRIDGE" if driver_env else " (")
+        + "; default %(default)s)",
     )
+    p.add_argument(
+        "--legacy-aliases",
+        action="store_const",
+        const="dra.cpu,dra.net",
+        dest="bridge",
+        help="the same as --bridge dra.cpu,dra.net (kept for old charts)",
+    )
+
+
+def bridge_arg(value: str) -> str:
+    """``--bridge``: ``auto``, ``none`` or a comma-separated list of bridgeable drivers."""
+    from normalize.dialects import check_bridges
+
+    value = value.strip()
+    if value in ("auto", "none", ""):
+        return value or "none"
+    try:
+        check_bridges(n.strip() for n in value.split(",") if n.strip())
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+    return value
+
+
+def static_bridges(value: str | None) -> tuple[str, ...]:
+    """The drivers a ``--bridge`` value names (``auto`` and ``none``: none)."""
+    if not value or value in ("auto", "none"):
+        return ()
+    return tuple(sorted({n.strip() for n in value.split(",") if n.strip()}))
 
 
 def add_node_name_arg(p: argparse.ArgumentParser) -> None:
@@ -335,6 +369,6 @@ def normalize_options(args: argparse.Namespace) -> NormalizeOptions:
         driver=args.driver,
         numa_list=args.numa_list,
         cpu_grouping=args.cpu_grouping,
-        legacy_aliases=args.legacy_aliases,
+        bridges=static_bridges(getattr(args, "bridge", None)),
         matrix_nics=getattr(args, "matrix_nics", "rdma"),
     )

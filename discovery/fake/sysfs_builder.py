@@ -5,6 +5,14 @@ their bridges below ``sys/devices/pci<DDDD>:<BB>``, relative symlinks for every
 ``bus/`` and ``class/`` view, per-CPU topology and cache directories, NUMA nodes,
 net/RDMA class devices and the KFD topology of AMD GPUs. Output is deterministic:
 the same spec always produces byte-identical files and links.
+
+Besides what toposlice's own discovery reads, the tree carries the files other DRA
+drivers read when it is bind-mounted over ``/sys`` (docs/fake-hardware.md, "Running
+another driver on a fake machine"): ``pci_bus/<DDDD:BB>/cpulistaffinity`` and
+``cpuaffinity`` of every PCI root and ``devices/system/cpu/smt/{control,active}``
+(dra-driver-cpu), a ``modalias`` per PCI function and ``hugepages/`` per NUMA node
+(dranet, through ghw), and a ``resource`` file per PCI function (the NVIDIA GPU
+plugin, through go-nvlib).
 """
 
 from __future__ import annotations
@@ -13,10 +21,10 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from discovery.fake.spec import MachineSpec, NetSpec, PciDeviceSpec, RdmaSpec
+from discovery.fake.spec import MachineSpec, NetSpec, PciDeviceSpec, RdmaSpec, bdf_key
 from discovery.readers import format_cpulist
 
-__all__ = ["build_sysfs", "cpumask", "function_dir"]
+__all__ = ["build_sysfs", "cpumask", "function_dir", "modalias"]
 
 
 def cpumask(cpus: Iterable[int], nr_cpus: int) -> str:
@@ -106,6 +114,7 @@ def _build_cpus(spec: MachineSpec, w: _Writer) -> None:
         "devices/system/cpu",
         {"online": all_list, "possible": all_list, "present": all_list, "offline": ""},
     )
+    _write_smt(w, cpu.threads_per_core > 1)
     node_of = {c: node.id for node in spec.numa_nodes for c in node.cpus}
     layout = list(cpu.layout())
     # Groups: SMT siblings per core, package members, L2 and L3 sharing groups.
@@ -168,6 +177,17 @@ def _build_cpus(spec: MachineSpec, w: _Writer) -> None:
         _write_cpufreq(spec, w, base)
 
 
+def _write_smt(w: _Writer, siblings: bool) -> None:
+    """``smt/control`` and ``smt/active`` as the kernel's CPU hotplug code writes them:
+    ``on``/``1`` when a core has sibling threads; ``notsupported``/``0`` when none has
+    (the kernel's word for a CPU without SMT; its others: ``off``, ``forceoff``,
+    ``notimplemented``)."""
+    w.files(
+        "devices/system/cpu/smt",
+        {"control": "on" if siblings else "notsupported", "active": "1" if siblings else "0"},
+    )
+
+
 def _write_cpufreq(spec: MachineSpec, w: _Writer, base: str) -> None:
     if spec.cpu.max_mhz is not None:
         w.files(f"{base}/cpufreq", {"cpuinfo_max_freq": str(spec.cpu.max_mhz * 1000)})
@@ -183,6 +203,7 @@ def _build_explicit_cpus(spec: MachineSpec, w: _Writer) -> None:
         "devices/system/cpu",
         {"online": online, "possible": online, "present": online, "offline": ""},
     )
+    _write_smt(w, any(len(core.cpus) > 1 for core in cpu.cores))
     node_of = {c: node.id for node in spec.numa_nodes for c in node.cpus}
     package: dict[int | None, list[int]] = {}
     for core in cpu.cores:
@@ -261,6 +282,7 @@ def _build_numa(spec: MachineSpec, w: _Writer) -> None:
                 "meminfo": meminfo,
             },
         )
+        w.mkdir(f"devices/system/node/node{node.id}/hugepages")  # no pools reserved
 
 
 # --------------------------------------------------------------------------- PCI
@@ -281,12 +303,23 @@ def _build_pci(spec: MachineSpec, w: _Writer) -> None:
     w.mkdir("bus/pci/devices")
     w.mkdir("bus/pci/drivers")
     roots: set[str] = set()
+    in_bus_order = sorted(spec.pci, key=bdf_key)
+    root_of = {dev.bdf: spec.pcie_root(dev.bdf) for dev in in_bus_order}
+    resource = _resource_files(in_bus_order)
     for dev in spec.pci:
         rel = function_dir(spec, dev.bdf)
-        root = spec.pcie_root(dev.bdf)
+        root = root_of[dev.bdf]
         if root not in roots:
             roots.add(root)
             w.mkdir(f"devices/{root}")
+            affinity = _root_affinity(root, in_bus_order, root_of, node_cpus, all_cpus)
+            w.files(
+                f"devices/{root}/pci_bus/{root[3:]}",
+                {
+                    "cpulistaffinity": format_cpulist(affinity),
+                    "cpuaffinity": cpumask(affinity, n_cpus),
+                },
+            )
         local = (
             list(dev.local_cpus)
             if dev.local_cpus is not None
@@ -320,6 +353,8 @@ def _build_pci(spec: MachineSpec, w: _Writer) -> None:
             files["sriov_numvfs"] = str(dev.sriov_numvfs or 0)
         if dev.amd is not None and dev.amd.name is not None:
             files["product_name"] = dev.amd.name  # amdgpu's marketing name (from the FRU)
+        files["modalias"] = modalias(dev)
+        files["resource"] = resource[dev.bdf]
         w.files(rel, files)
         if dev.udev_names is not None:
             vendor, model = dev.udev_names
@@ -361,6 +396,99 @@ def _build_pci(spec: MachineSpec, w: _Writer) -> None:
             vf_rel = function_dir(spec, vf.bdf)
             w.link(f"{pf_rel}/virtfn{i}", vf_rel)
             w.link(f"{vf_rel}/physfn", pf_rel)
+
+
+def _root_affinity(
+    root: str,
+    in_bus_order: list[PciDeviceSpec],
+    root_of: dict[str, str],
+    node_cpus: dict[int, list[int]],
+    all_cpus: list[int],
+) -> list[int]:
+    """CPUs of a PCI root bus (``pci_bus/<DDDD:BB>/cpulistaffinity``): those of the NUMA
+    node of its devices (the first, in bus order, that has one); every CPU when none has
+    a node (-1) or the node has no CPUs, as the kernel gives the online mask then."""
+    for dev in in_bus_order:
+        if root_of[dev.bdf] == root and dev.numa_node >= 0:
+            return node_cpus.get(dev.numa_node) or all_cpus
+    return all_cpus
+
+
+def modalias(dev: PciDeviceSpec) -> str:
+    """The kernel's ``modalias`` of a PCI function (``pci:v…d…sv…sd…bc…sc…i…``); an id
+    whose file is absent reads 0."""
+    cls = dev.class_code
+    return (
+        f"pci:v{dev.vendor or 0:08X}d{dev.device or 0:08X}"
+        f"sv{dev.subsystem_vendor or 0:08X}sd{dev.subsystem_device or 0:08X}"
+        f"bc{(cls >> 16) & 0xFF:02X}sc{(cls >> 8) & 0xFF:02X}i{cls & 0xFF:02X}"
+    )
+
+
+#: ``resource`` flags (IORESOURCE_* bits and the BAR's own low bits), as Linux prints them.
+_MEM32 = 0x40200  # 32-bit memory BAR
+_MEM64 = 0x140204  # 64-bit memory BAR
+_MEM64_PREF = 0x14220C  # 64-bit prefetchable memory BAR
+_MiB = 1 << 20
+_GiB = 1 << 30
+
+
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+def _bars(dev: PciDeviceSpec) -> dict[int, tuple[int, int]]:
+    """BAR index -> (size, flags) of a function: what its kind of device has on real
+    hardware (sizes of the common parts), nothing for bridges."""
+    base_class = dev.class_code >> 16
+    if dev.is_bridge:
+        return {}
+    if dev.vendor == 0x10DE and base_class == 0x03:  # NVIDIA GPU: registers, FB aperture
+        fb = dev.nvidia.memory_bytes if dev.nvidia is not None else 0
+        return {
+            0: (16 * _MiB, _MEM32),
+            1: (_pow2_at_least(fb) if fb else 128 * _GiB, _MEM64_PREF),
+            3: (32 * _MiB, _MEM64_PREF),
+        }
+    if dev.amd is not None:  # amdgpu: VRAM (resizable BAR), doorbells, registers
+        return {
+            0: (_pow2_at_least(dev.amd.vram_bytes), _MEM64_PREF),
+            2: (2 * _MiB, _MEM64_PREF),
+            5: (512 * 1024, _MEM32),
+        }
+    if base_class == 0x02:  # network (ConnectX, E810: 64-bit prefetchable)
+        return {0: ((2 if dev.physfn is not None else 32) * _MiB, _MEM64_PREF)}
+    if base_class == 0x01:  # storage (NVMe)
+        return {0: (16 * 1024, _MEM64)}
+    return {0: (32 * _MiB if dev.vendor == 0x10DE else _MiB, _MEM32)}
+
+
+def _resource_files(in_bus_order: list[PciDeviceSpec]) -> dict[str, str]:
+    """Bus id -> the function's ``resource`` file: one ``start end flags`` line per
+    resource, 6 BARs, the ROM and 6 SR-IOV BARs (a bridge: and its 4 windows); unused
+    ones read zeros. Addresses are distinct and naturally aligned, handed out in bus
+    order: 32-bit BARs below 4 GiB (from 2 GiB), 64-bit ones from 32 TiB."""
+    low, low_end, high = 0x80000000, 0xFEC00000, 0x200000000000
+    out: dict[str, str] = {}
+    for dev in in_bus_order:
+        bars = _bars(dev)
+        lines = []
+        for index in range(17 if dev.is_bridge else 13):
+            start = end = flags = 0
+            if index in bars:
+                size, flags = bars[index]
+                if flags == _MEM32 and -(-low // size) * size + size <= low_end:
+                    start = -(-low // size) * size
+                    low = start + size
+                else:
+                    if flags == _MEM32:
+                        flags = _MEM64  # the 32-bit window is full: placed above 4 GiB
+                    start = -(-high // size) * size
+                    high = start + size
+                end = start + size - 1
+            lines.append(f"0x{start:016x} 0x{end:016x} 0x{flags:016x}")
+        out[dev.bdf] = "\n".join(lines)
+    return out
 
 
 def _build_net(dev: PciDeviceSpec, rel: str, w: _Writer) -> None:

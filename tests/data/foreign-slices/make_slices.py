@@ -132,29 +132,14 @@ def dranet() -> list[dict[str, Any]]:
 
 
 def dra_cpu() -> list[dict[str, Any]]:
-    """Shaped like dra-driver-cpu's grouped mode (dra.cpu), one shareable device per NUMA
-    node, with --expose-pcie-roots (pcieRoot as a list)."""
-    devices = []
-    for numa, cpus, roots in (
-        (0, "0-55,112-167", [*NODE0_ROOTS, "pci0000:97"]),  # defect: a node-1 root
-        (1, "56-111,168-223", NODE1_ROOTS),
-    ):
-        devices.append(
-            {
-                "name": f"cpudevnuma{numa:03d}",
-                "allowMultipleAllocations": True,
-                "attributes": {
-                    "dra.cpu/numaNodeID": i(numa),
-                    "dra.cpu/socketID": i(numa),
-                    "dra.cpu/cpus": s(cpus),
-                    "dra.cpu/smtEnabled": {"bool": True},
-                    f"{STD}/numaNode": i(numa),
-                    f"{STD}/pcieRoot": {"strings": roots},
-                },
-                "capacity": {"dra.cpu/cpu": {"value": "112"}},
-            }
-        )
-    return [rslice("dra.cpu", 0, devices)]
+    """dra-driver-cpu's grouped mode as the real driver published it (recorded/, see the
+    README), with one planted defect: a NUMA-1 root in NUMA node 0's pcieRoot list."""
+    with open(HERE / "recorded" / "dra-cpu-grouped.yaml", encoding="utf-8") as fh:
+        slices = [d for d in yaml.safe_load_all(fh) if d]
+    for dev in slices[0]["spec"]["devices"]:
+        if dev["name"] == "cpudevnuma000":
+            dev["attributes"][f"{STD}/pcieRoot"]["strings"].append("pci0000:97")
+    return slices
 
 
 def stale() -> list[dict[str, Any]]:

@@ -1,0 +1,105 @@
+"""The other DRA drivers on this node, as ``run`` sees them: which dialects to bridge and
+which of toposlice's devices another driver already publishes.
+
+Two drivers publishing the same CPUs (the chart's default ``publish: [gpu, nic, cpu]``
+beside dra-driver-cpu) let the scheduler give a pod the same cores twice, since nothing in
+DRA links the two devices. So the driver reads its node's ResourceSlices at start, before
+it first publishes, and every ``interval`` seconds after: devices another registered
+driver publishes for the same hardware leave toposlice's pool (``--duplicates yield``, the
+default), and the neighbours' NUMA dialect is bridged (``--bridge auto``). A failed read is
+logged and keeps the last answer; the next tick tries again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from normalize.crossdriver import Neighbourhood, neighbourhood
+from normalize.snapshot import Snapshot
+
+from .observe import registered_drivers
+
+log = logging.getLogger("toposlice.neighbours")
+
+#: The Node Event's reason when toposlice leaves devices to another driver.
+REASON = "DevicesPublishedByAnotherDriver"
+
+
+def node_slices(client: Any, node: str, timeout: float = 10.0) -> list[dict[str, Any]]:
+    """Every driver's ResourceSlices of ``node``, as the API server returns them (raw JSON:
+    fields newer than the client's models survive)."""
+    from kubernetes import client as k8s
+
+    resp = k8s.ResourceV1Api(client).list_resource_slice(
+        field_selector=f"spec.nodeName={node}",
+        _preload_content=False,
+        _request_timeout=timeout,
+    )
+    items = json.loads(resp.data).get("items") or []  # type: ignore[attr-defined]  # raw
+    return [i for i in items if isinstance(i, dict)]
+
+
+class NeighbourWatch:
+    """Keeps :attr:`current` (a :class:`Neighbourhood`) and calls ``on_change`` when it
+    changes."""
+
+    def __init__(
+        self,
+        source: Callable[[], list[dict[str, Any]]],
+        snapshot: Callable[[], Snapshot | None],
+        on_change: Callable[[Neighbourhood], None],
+        *,
+        registry_dir: str | Path | None,
+        interval: float = 10.0,
+    ) -> None:
+        self.source = source
+        self.snapshot = snapshot
+        self.on_change = on_change
+        self.registry_dir = registry_dir
+        self.interval = interval
+        self.current = Neighbourhood()
+        self.last_error = ""
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def read_once(self) -> Neighbourhood:
+        snap = self.snapshot()
+        if snap is None:
+            return self.current
+        try:
+            slices = self.source()
+        except Exception as exc:
+            msg = f"listing the node's ResourceSlices failed: {exc}"
+            if msg != self.last_error:
+                log.warning("%s; keeping what was known of other drivers", msg)
+            self.last_error = msg
+            return self.current
+        self.last_error = ""
+        drivers = registered_drivers(self.registry_dir) if self.registry_dir else None
+        found = neighbourhood(snap, slices, drivers)
+        if found != self.current:
+            self.current = found
+            self.on_change(found)
+        return found
+
+    def start(self) -> NeighbourWatch:
+        self._thread = threading.Thread(target=self._loop, name="neighbours", daemon=True)
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.read_once()
+            except Exception:  # a bug here must not stop the driver: log, try next tick
+                log.exception("reading other drivers failed")
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)

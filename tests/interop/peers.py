@@ -1,0 +1,214 @@
+"""The real neighbours of ``../shared/peers`` (README there), run beside ``toposlice run`` on
+a real kubelet + containerd node with NRI, all reading one fake machine.
+
+Nothing here re-implements a peer: the kit's own scripts start and stop them
+(``node-up-nri.sh``, ``dracpu-up.sh``...), with the fake tree toposlice writes
+(``toposlice machines tree``) as their ``/sys``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from tests.e2e.cluster import SHARED, Cluster, _cache_root, free_ports, poll
+from tests.node.node import NodeCluster
+
+PEERS_DIR = SHARED / "peers"
+PEER_TARBALLS = (
+    "peers-linux-amd64.tar.xz",
+    "peers-dranet-linux-amd64.tar.xz",
+    "peers-nvidia-linux-amd64.tar.xz",
+)
+DRIVER = "toposlice.dev"
+
+
+def find_peers(cache: Path | None = None) -> Path | None:
+    """The unpacked kit (``<cache>/peers``, beside ``assets/`` and ``node/``, where its
+    scripts look for kubectl and node-up.sh), unpacking it once; None without the main
+    tarball."""
+    cache = cache or _cache_root()
+    done = cache / "peers" / "bin" / "dracpu"
+    if done.is_file():
+        return cache / "peers"
+    main = PEERS_DIR / PEER_TARBALLS[0]
+    if not main.is_file():
+        return None
+    cache.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".peers-", dir=cache))
+    try:
+        for name in PEER_TARBALLS:  # the later ones unpack over the first's folder
+            if (PEERS_DIR / name).is_file():
+                subprocess.run(["tar", "-xJf", str(PEERS_DIR / name), "-C", str(tmp)], check=True)
+        with contextlib.suppress(OSError):  # another process renamed first: keep theirs
+            os.rename(tmp / "peers", cache / "peers")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return cache / "peers" if done.is_file() else None
+
+
+class StockCluster(NodeCluster):
+    """The node tier's control plane with the list-attribute gate off, as v1.36 clusters
+    run it: claims must align across drivers without ``DRAListTypeAttributes``."""
+
+    def _launch(self, name: str) -> None:
+        self._argv[name] = [
+            a.replace("DRAListTypeAttributes=true", "DRAListTypeAttributes=false")
+            for a in self._argv[name]
+        ]
+        super()._launch(name)
+
+
+class Peer:
+    """One peer started by the kit's ``<name>-up.sh`` and stopped by ``<name>-down.sh``."""
+
+    def __init__(self, kit: Path, cluster: Cluster, node_dir: Path, run_dir: Path) -> None:
+        self.kit = kit
+        self.cluster = cluster
+        self.node_dir = node_dir
+        self.run_dir = run_dir
+
+    def env(self, node_name: str, fake_sys: Path | None) -> dict[str, str]:
+        env = dict(
+            os.environ,
+            NODE_NAME=node_name,
+            KUBECTL=str(self.cluster.bin / "kubectl"),
+            PATH=os.environ.get("PATH", "") + ":/usr/sbin:/sbin",
+        )
+        if fake_sys is not None:
+            env["FAKE_SYS"] = str(fake_sys)
+        return env
+
+    def up(self, name: str, node_name: str, fake_sys: Path | None, *flags: str) -> float:
+        """Start ``name`` (its script waits for its slices); seconds it took."""
+        t0 = time.monotonic()
+        res = subprocess.run(
+            [
+                "bash",
+                str(self.kit / "scripts" / f"{name}-up.sh"),
+                str(self.cluster.dir),
+                str(self.node_dir),
+                str(self.run_dir),
+                *flags,
+            ],
+            env=self.env(node_name, fake_sys),
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        if res.returncode != 0:
+            raise RuntimeError(f"{name}-up.sh failed: {res.stderr.strip()[-2000:]}")
+        return time.monotonic() - t0
+
+    def down(self, name: str) -> None:
+        subprocess.run(
+            ["bash", str(self.kit / "scripts" / f"{name}-down.sh"), str(self.run_dir)],
+            capture_output=True,
+            timeout=60,
+            check=False,
+        )
+
+    def log(self, name: str) -> str:
+        path = self.run_dir / "logs" / f"{name}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+
+class ToposliceRun:
+    """``toposlice run`` as a process of this host, registered with the node's kubelet
+    (its registration, plugin and CDI directories), reading fake machine ``machine``."""
+
+    def __init__(self, cluster: Cluster, node_dir: Path, node_name: str, machine: str) -> None:
+        self.cluster = cluster
+        self.node_dir = node_dir
+        self.node_name = node_name
+        self.machine = machine
+        self.proc: subprocess.Popen[bytes] | None = None
+        (self.port,) = free_ports(1)
+        self.log_path = node_dir / "logs" / "toposlice-run.log"
+
+    @property
+    def plugins_dir(self) -> Path:
+        return self.node_dir / "kubelet" / "plugins" / DRIVER
+
+    def start(self, *extra: str) -> ToposliceRun:
+        argv = [
+            sys.executable,
+            "-m",
+            "toposlice",
+            "run",
+            "--fake",
+            self.machine,
+            "--node-name",
+            self.node_name,
+            "--kubeconfig",
+            str(self.cluster.kubeconfig),
+            "--kubelet-registrar-directory-path",
+            str(self.node_dir / "kubelet" / "plugins_registry"),
+            "--kubelet-plugins-directory-path",
+            str(self.plugins_dir),
+            "--cdi-root",
+            str(self.node_dir / "cdi"),
+            "--http-addr",
+            f"127.0.0.1:{self.port}",
+            "--resync-interval",
+            "1",
+            *extra,
+        ]
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        log.close()
+        poll(lambda: self.http("/readyz").startswith("ok"), timeout=60, what="toposlice ready")
+        return self
+
+    def http(self, path: str) -> str:
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=5) as r:
+                return str(r.read().decode())
+        except OSError:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"toposlice run exited: {self.log_tail()}") from None
+            return ""
+
+    def log_tail(self, lines: int = 30) -> str:
+        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(5)
+        self.proc = None
+
+
+def slices_of(cluster: Cluster, node: str, driver: str | None = None) -> list[dict[str, Any]]:
+    selector = f"spec.nodeName={node}" + (f",spec.driver={driver}" if driver else "")
+    out = cluster.kubectl("get", "resourceslices", "--field-selector", selector, "-o", "json")
+    items: list[dict[str, Any]] = json.loads(out)["items"]
+    return items
+
+
+def devices_of(slices: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {d["name"]: d for s in slices for d in s["spec"].get("devices") or []}
