@@ -509,19 +509,22 @@ class Daemon:
         pub.set_devices(bridge_devices(devices, self._bridges()), self.health_monitor.taints())
 
     def _start_neighbours(self) -> None:
-        """Read the node's other drivers once now, then every resync interval."""
-        from .neighbours import NeighbourWatch, node_slices
+        """Read the node's other drivers from the publisher's watch of the node's slices:
+        once now, waiting for its first LIST (before anything is published), then every
+        resync interval (no request: the watch keeps the view)."""
+        from .neighbours import NeighbourWatch
 
-        client, cfg = self.client, self.cfg
-        if client is None or not (cfg.bridge_auto or cfg.duplicates == "yield"):
+        pub, cfg = self.publisher, self.cfg
+        if pub is None or not (cfg.bridge_auto or cfg.duplicates == "yield"):
             return
         self.neighbours = NeighbourWatch(
-            lambda: node_slices(client, cfg.node_name),
+            pub.other_slices,
             self.snapshot,
             self._neighbours_changed,
             registry_dir=cfg.registrar_dir,
             interval=cfg.resync_interval,
         )
+        pub.view.start().wait_synced(cfg.startup_timeout)
         self.neighbours.read_once()
         self.neighbours.start()
 
@@ -546,8 +549,7 @@ class Daemon:
         if text:
             log.warning("%s", text)
             self._post_node_event(text, REASON)
-        if self.publisher is not None:  # the first read comes before the publisher starts
-            self._publish_desired()
+        self._publish_desired()
 
     def rediscover(self) -> bool:
         """Discover again; True when the published devices changed."""

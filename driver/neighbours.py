@@ -3,8 +3,9 @@ which of toposlice's devices another driver already publishes.
 
 Two drivers publishing the same CPUs (the chart's default ``publish: [gpu, nic, cpu]``
 beside dra-driver-cpu) let the scheduler give a pod the same cores twice, since nothing in
-DRA links the two devices. So the driver reads its node's ResourceSlices at start, before
-it first publishes, and every ``interval`` seconds after: devices another registered
+DRA links the two devices. So the driver reads its node's ResourceSlices (the publisher's
+watch of the node, no request of its own) at start, before it first publishes, and every
+``interval`` seconds after: devices another registered
 driver publishes for the same hardware leave toposlice's pool (``--duplicates yield``, the
 default), and the neighbours' NUMA dialect is bridged (``--bridge auto``). A failed read is
 logged and keeps the last answer; the next tick tries again.
@@ -12,7 +13,6 @@ logged and keeps the last answer; the next tick tries again.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from collections.abc import Callable
@@ -28,20 +28,6 @@ log = logging.getLogger("toposlice.neighbours")
 
 #: The Node Event's reason when toposlice leaves devices to another driver.
 REASON = "DevicesPublishedByAnotherDriver"
-
-
-def node_slices(client: Any, node: str, timeout: float = 10.0) -> list[dict[str, Any]]:
-    """Every driver's ResourceSlices of ``node``, as the API server returns them (raw JSON:
-    fields newer than the client's models survive)."""
-    from kubernetes import client as k8s
-
-    resp = k8s.ResourceV1Api(client).list_resource_slice(
-        field_selector=f"spec.nodeName={node}",
-        _preload_content=False,
-        _request_timeout=timeout,
-    )
-    items = json.loads(resp.data).get("items") or []  # type: ignore[attr-defined]  # raw
-    return [i for i in items if isinstance(i, dict)]
 
 
 class NeighbourWatch:

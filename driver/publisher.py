@@ -2,8 +2,9 @@
 
 One pool named after the node; every slice owned by the Node (so slices go with it) and
 named ``<index hex>-<driver>-<node>-<random>`` as the 1.36+ Go slice controller does. What
-the server holds of this driver's slices on this node comes from a watch
-(driver/server_view.py: one LIST with a field selector on driver and node, then a WATCH
+the server holds of the slices on this node comes from a watch (driver/server_view.py: one
+LIST with a field selector on the node, every driver's, so the neighbours are known
+without a request of their own (driver/neighbours.py), then a WATCH
 resumed from its resourceVersion, relisting only on ``410 Gone``), never from a LIST per
 resync. A reconcile diffs that view against the desired pool and writes the difference:
 
@@ -167,7 +168,7 @@ class SlicePublisher(ResyncLoop):
         self.view = ServerView(
             "resourceslices",
             collection_lister(client, SLICES),
-            selectors={"field_selector": f"spec.driver={driver},spec.nodeName={node_name}"},
+            selectors={"field_selector": f"spec.nodeName={node_name}"},
             on_change=self._wake,
             watch_timeout_s=watch_timeout_s,
             backoff_base=backoff_base,
@@ -179,6 +180,15 @@ class SlicePublisher(ResyncLoop):
     def stop(self, timeout: float = 5.0) -> None:
         super().stop(timeout)
         self.view.stop()
+
+    def other_slices(self) -> list[dict[str, Any]]:
+        """The other drivers' slices of this node, from the watch (no request); raises
+        RuntimeError while the watch has not synced (nothing is known of them yet)."""
+        if not self.view.start().informer.synced.is_set():
+            raise RuntimeError(self.view.last_error or "the slice watch has not synced yet")
+        return [
+            s for s in self.view.objects() if (s.get("spec") or {}).get("driver") != self.driver
+        ]
 
     # -- desired state -------------------------------------------------------------------
 

@@ -250,6 +250,7 @@ class DriverState:
                 if plan.spec is not None:
                     files.append(str(self.spec_path(ref.uid)))
                 files += [str(p) for p, _ in plan.metadata_files]
+                self._release_stale(ref.uid, plan.devices)
                 intent = ClaimRecord(
                     uid=ref.uid,
                     namespace=ref.namespace,
@@ -442,6 +443,38 @@ class DriverState:
         cpu_list = ((device.get("attributes") or {}).get("cpuList") or {}).get("string", "")
         out.cpus.append((name, cpu_list))
         return cpu_edits(name, cpu_list)
+
+    def _release_stale(self, uid: str, devices: Iterable[PreparedDevice]) -> None:
+        """Unprepare the records of claims that hold one of ``devices`` but that the API
+        server no longer has (deleted, replaced, deallocated) while the kubelet has not
+        unprepared them yet: a pod and its claim deleted together leave that window, and
+        the scheduler may already have given the devices to this claim. Where the API
+        cannot say, the record stays and :meth:`_check_overlap` refuses as before."""
+        mine = {d.device for d in devices if not _shared(d)}
+        for rec in list(self._claims.values()):
+            held = {d.device for d in rec.devices if not _shared(d)}
+            if rec.uid == uid or not mine & held or self._still_allocated(rec):
+                continue
+            log.warning(
+                "claim %s/%s (%s) is gone from the API server but still prepared here; "
+                "unpreparing it: its devices now belong to claim %s",
+                rec.namespace,
+                rec.name,
+                rec.uid,
+                uid,
+            )
+            self._unprepare_one(ClaimRef(rec.namespace, rec.name, rec.uid))
+
+    def _still_allocated(self, rec: ClaimRecord) -> bool:
+        try:
+            claim = self.reader.get_claim(rec.namespace, rec.name)
+        except ClaimNotFound:
+            return False
+        except Exception:
+            return True  # cannot tell: keep it
+        meta = claim.get("metadata") or {}
+        allocation = (claim.get("status") or {}).get("allocation")
+        return bool(meta.get("uid") == rec.uid and allocation)
 
     def _check_overlap(self, uid: str, devices: Iterable[PreparedDevice]) -> None:
         """A device prepared for another claim is refused unless both sides share it

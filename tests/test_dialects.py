@@ -177,3 +177,16 @@ def test_the_watch_keeps_its_answer_when_the_api_fails() -> None:
     assert watch.read_once() == Neighbourhood()  # dra.cpu gone: publish the CPUs again
     assert [bool(c.taken) for c in changes] == [True, False]
     assert not any(t.name == "neighbours" for t in threading.enumerate())
+
+
+def test_the_nvidia_drivers_gpus_take_toposlices_gpus() -> None:
+    from tests.exporter_view import FOREIGN_SLICE_FILES
+
+    nvidia = next(f for f in FOREIGN_SLICE_FILES if f.endswith("/nvidia-gpu.yaml"))
+    with open(nvidia, encoding="utf-8") as fh:
+        slices = [d for d in yaml.safe_load_all(fh) if d]
+    snap = snapshot_of(NODE, NODE)
+    near = neighbourhood(snap, slices, ["gpu.nvidia.com"])
+    gpus = {d["name"] for d in snap.devices if d["attributes"]["type"]["string"] == "gpu"}
+    # by bus id, by UUID where the bus id is missing or spelled NVML's way
+    assert set(near.taken) == gpus and near.bridges == ()

@@ -219,6 +219,24 @@ def test_claims_of_other_drivers_are_ignored(tmp_path: Path, reader: FakeClaims)
     assert [d.device for d in res.devices] == nics(1)
 
 
+def test_a_claim_gone_from_the_api_gives_its_devices_up(
+    tmp_path: Path, reader: FakeClaims
+) -> None:
+    """Pod and claim deleted together: the scheduler hands the GPU to a new claim before
+    the kubelet unprepared the old one. The old record goes, files and all; while the old
+    claim is still there, the new one is refused as before."""
+    a = reader.add(claim("a", gpus(1)))
+    b = reader.add(claim("b", gpus(1)))
+    state = make_state(tmp_path, reader)
+    assert state.prepare([ref(a)])["a"].error == ""
+    assert "already prepared" in state.prepare([ref(b)])["b"].error
+    del reader.claims[("default", "claim-a")]
+    assert state.prepare([ref(b)])["b"].error == ""
+    assert set(state.claims()) == {"b"}
+    assert disk(state) == {"cdi": [state.spec_path("b").name], "topo": ["b.xml"]}
+    assert state.unprepare([ref(a)])["a"] == ""  # the kubelet's late unprepare: a no-op
+
+
 def test_device_prepared_for_another_claim_is_refused_unless_shared(
     tmp_path: Path, reader: FakeClaims
 ) -> None:
