@@ -219,9 +219,7 @@ def test_claims_of_other_drivers_are_ignored(tmp_path: Path, reader: FakeClaims)
     assert [d.device for d in res.devices] == nics(1)
 
 
-def test_a_claim_gone_from_the_api_gives_its_devices_up(
-    tmp_path: Path, reader: FakeClaims
-) -> None:
+def test_a_claim_gone_from_the_api_gives_its_devices_up(tmp_path: Path, reader: FakeClaims) -> None:
     """Pod and claim deleted together: the scheduler hands the GPU to a new claim before
     the kubelet unprepared the old one. The old record goes, files and all; while the old
     claim is still there, the new one is refused as before."""

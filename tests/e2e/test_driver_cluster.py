@@ -460,7 +460,7 @@ def _wait_no_claims(cluster: Cluster) -> None:
         lambda: (
             not json.loads(cluster.kubectl("get", "resourceclaims", "-A", "-o", "json"))["items"]
         ),
-        30,
+        60,
         0.2,
         "claims deleted",
     )

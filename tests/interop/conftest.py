@@ -18,13 +18,10 @@ from typing import Any
 import pytest
 
 from tests.e2e.cluster import SKIP_REASON, find_assets
-from tests.interop.peers import StockCluster, find_peers
+from tests.interop.peers import FIGURES, StockCluster, find_peers
 from tests.node.node import Node, missing_prerequisites, node_ip
 
 NODE_NAME = "interop-node"
-
-#: name -> value, printed in the terminal summary.
-FIGURES: dict[str, Any] = {}
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:

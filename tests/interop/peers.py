@@ -31,6 +31,9 @@ PEER_TARBALLS = (
 )
 DRIVER = "toposlice.dev"
 
+#: name -> value, printed in the terminal summary (tests/interop/conftest.py).
+FIGURES: dict[str, Any] = {}
+
 
 def find_peers(cache: Path | None = None) -> Path | None:
     """The unpacked kit (``<cache>/peers``, beside ``assets/`` and ``node/``, where its
