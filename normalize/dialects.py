@@ -42,6 +42,13 @@ class Dialect:
     cpu_capacity: str | None = None
     """Its consumable CPU capacity (grouped mode: one shared device per NUMA node, a claim
     asks for a number of CPUs of it)."""
+    bus_id: str | None = None
+    """Its attribute holding a device's PCI address (``0000:18:00.0``), where it does not
+    publish the standard ``pciBusID``."""
+
+    def names(self) -> tuple[str, ...]:
+        """Its own names for standard facts: not look-alikes, not missing standards."""
+        return self.numa + ((self.bus_id,) if self.bus_id else ())
 
 
 DRA_CPU = Dialect(
@@ -52,7 +59,13 @@ DRA_CPU = Dialect(
     device_class="dra.cpu",
     cpu_capacity="dra.cpu/cpu",
 )
-DRANET = Dialect(driver="dra.net", numa=(an.BRIDGE_NUMA,), kinds=("nic",), device_class="dra.net")
+DRANET = Dialect(
+    driver="dra.net",
+    numa=(an.BRIDGE_NUMA,),
+    kinds=("nic",),
+    device_class="dra.net",
+    bus_id="dra.net/pciAddress",
+)
 NVIDIA_GPU = Dialect(
     driver="gpu.nvidia.com", numa=(an.NUMA_NODE,), kinds=("gpu",), device_class="gpu.nvidia.com"
 )
@@ -63,6 +76,8 @@ BRIDGEABLE = tuple(d for d, dia in DIALECTS.items() if an.BRIDGE_NUMA in dia.num
 """Drivers whose dialect ``--bridge`` can speak."""
 CPU_DRIVERS = tuple(d for d, dia in DIALECTS.items() if dia.cpu_capacity)
 """Drivers ``toposlice claim --cpus-from`` can take CPUs from."""
+NIC_DRIVERS = tuple(d for d, dia in DIALECTS.items() if "nic" in dia.kinds)
+"""Drivers ``toposlice claim --nics-from`` can take NICs from."""
 
 
 def check_bridges(names: Iterable[str]) -> tuple[str, ...]:

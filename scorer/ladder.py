@@ -136,6 +136,64 @@ class NeighbourCpus:
 
 
 @dataclass(frozen=True)
+class NeighbourNics:
+    """Each GPU's NICs from another driver (``toposlice claim --nics-from dra.net``).
+
+    dranet's NICs carry ``resource.kubernetes.io/pcieRoot`` and ``dra.net/numaNode`` but none
+    of toposlice's pairing attributes (``nicAffinity``), so the closest NIC a claim can name
+    across the two drivers is one on the GPU's PCIe root, else one on its NUMA node
+    (``dra.net/numaNode``, which toposlice's GPUs carry beside dranet: ``run``'s
+    ``--bridge auto``). ``nic-i`` lists those two rungs; a node with neither free for some
+    GPU fails rather than give it a NIC of the other socket."""
+
+    driver: str
+    per_gpu: int = 1
+    rdma: bool = True
+    """Only functions with RDMA (``dra.net/rdma``): the ones GPUDirect uses."""
+
+    def selectors(self) -> list[str]:
+        return [f'device.attributes["{self.driver}"].rdma == true'] if self.rdma else []
+
+
+#: The rungs of a neighbour NIC request, with the attribute the NIC shares with its GPU.
+NEIGHBOUR_NIC_RUNGS = (("root", f"{STD}/pcieRoot"), ("numa", "dra.net/numaNode"))
+
+
+def neighbour_nic_spec(
+    gpus: int,
+    nics: NeighbourNics,
+    driver: str = "toposlice.dev",
+    gpu_selectors: Sequence[str] = (),
+    cpus_from: NeighbourCpus | None = None,
+) -> dict[str, Any]:
+    """One request per GPU (``gpu-i``, windowed as the paired ladder's) followed by its NIC
+    request (``nic-i``: ``root``, then ``numa``), so a GPU whose NIC cannot be found fails
+    right after that GPU's choices; ``cpus_from`` ties another driver's CPUs to the GPUs."""
+    from normalize.dialects import DIALECTS
+
+    if gpus < 1 or nics.per_gpu < 1:
+        raise ValueError("a claim with NICs from another driver needs GPUs and NICs")
+    if 2 * gpus + (1 if cpus_from else 0) > MAX_REQUESTS:
+        raise ValueError(f"--gpus {gpus}: at most {MAX_REQUESTS // 2} GPUs with NICs each")
+    gcls = device_class_name("gpu", driver)
+    ncls = DIALECTS[nics.driver].device_class or nics.driver
+    requests: list[dict[str, Any]] = []
+    constraints: list[dict[str, Any]] = []
+    for i in range(gpus):
+        sel = [*gpu_selectors, window(driver, i, gpus)] if gpus > 1 else list(gpu_selectors)
+        requests.append({"name": f"gpu-{i}", "exactly": _exact(gcls, 1, sel)})
+        subs = [_sub(rung, ncls, nics.per_gpu, nics.selectors()) for rung, _ in NEIGHBOUR_NIC_RUNGS]
+        requests.append({"name": f"nic-{i}", "firstAvailable": subs})
+        for rung, attr in NEIGHBOUR_NIC_RUNGS:
+            constraints.append(
+                {"requests": [f"gpu-{i}", f"nic-{i}/{rung}"], "matchAttribute": attr}
+            )
+    if cpus_from is not None:
+        _add_neighbour_cpus(requests, constraints, cpus_from)
+    return {"devices": {"requests": requests, "constraints": constraints}}
+
+
+@dataclass(frozen=True)
 class Chosen:
     """A scored placement to put first in the ladder (``--emit-claim``): GPU bus ids in
     request order, and for each the attribute its pair shares with its NICs (or None)."""

@@ -190,3 +190,43 @@ def test_the_nvidia_drivers_gpus_take_toposlices_gpus() -> None:
     gpus = {d["name"] for d in snap.devices if d["attributes"]["type"]["string"] == "gpu"}
     # by bus id, by UUID where the bus id is missing or spelled NVML's way
     assert set(near.taken) == gpus and near.bridges == ()
+
+
+def recorded_dranet() -> list[dict[str, Any]]:
+    with open(RECORDED / "dranet.yaml", encoding="utf-8") as fh:
+        return [d for d in yaml.safe_load_all(fh) if d]
+
+
+def test_the_real_dranet_raises_no_alarm_and_its_nics_are_left_to_it() -> None:
+    snap = snapshot_of(NODE, NODE)
+    peer = recorded_dranet()
+    report = normalization_report(snap, peer + own(("dra.net",)), NODE, None, (1, 36))
+    doubled = {dev for d, dev, c in findings(report, "error") if c == "double-published"}
+    assert len([d for d in doubled if d.startswith("nic-")]) == 12  # toposlice publishes them
+    near = neighbourhood(snap, peer, ["dra.net"])
+    assert {n for n in near.taken if n.startswith("nic-")} == {
+        d["name"] for d in snap.devices if d["attributes"]["type"]["string"] == "nic"
+    }
+    without_own_nics = [
+        {**s, "spec": {**s["spec"], "devices": [
+            d for d in s["spec"]["devices"] if d["attributes"]["type"]["string"] != "nic"
+        ]}}
+        for s in own(("dra.net",))
+    ]  # fmt: skip
+    report = normalization_report(snap, peer + without_own_nics, NODE, None, (1, 36))
+    assert findings(report, "error", "warning") == []
+    assert all(m.by == "pciBusID" for m in report.matches if m.identity.driver == "dra.net")
+
+
+@pytest.mark.parametrize(
+    ("attribute", "value"),
+    [(PCIE, {"string": "pci0000:97"}), ("dra.net/numaNode", {"int": 1})],
+)
+def test_a_wrong_root_or_numa_node_in_dranets_slice_is_reported(
+    attribute: str, value: dict
+) -> None:
+    snap = snapshot_of(NODE, NODE)
+    peer = copy.deepcopy(recorded_dranet())
+    device(peer, "pci-0000-18-00-0")["attributes"][attribute] = value
+    report = normalization_report(snap, peer, NODE, None, (1, 36))
+    assert findings(report, "error") == [("dra.net", "pci-0000-18-00-0", "disagrees-with-hardware")]

@@ -22,8 +22,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--cpu-groups", type=count(0, 8), default=0, help="CPU-group devices, 0..8 (default 0)"
     )
-    from normalize.dialects import CPU_DRIVERS
+    from normalize.dialects import CPU_DRIVERS, NIC_DRIVERS
 
+    p.add_argument(
+        "--nics-from",
+        choices=NIC_DRIVERS,
+        default=None,
+        metavar="DRIVER",
+        help=f"take each GPU's NICs ({', '.join(NIC_DRIVERS)}: RDMA functions) from this DRA "
+        "driver: on the GPU's PCIe root, else on its NUMA node (dra.net/numaNode: `run` "
+        "publishes it beside that driver); --nics-per-gpu of them (default 1)",
+    )
     p.add_argument(
         "--cpus-from",
         choices=CPU_DRIVERS,
@@ -111,15 +120,28 @@ def build(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     # or xGMI, so it is spent only where the workload is stated and gains from it.
     pattern = args.pattern or (req.pattern if req else None)
     scaleup = pattern is not None and wants_scaleup(pattern, gpus)
-    spec = ladder_spec(
-        gpus,
-        nics,
-        args.driver,
-        selectors,
-        args.cpu_groups,
-        scaleup=scaleup,
-        cpus_from=neighbour_cpus(args),
-    )
+    if getattr(args, "nics_from", None):
+        from scorer.ladder import NeighbourNics, neighbour_nic_spec
+
+        if args.cpu_groups:
+            raise ValueError("--nics-from with toposlice's CPU groups: use --cpus-from")
+        per = args.nics_per_gpu if args.nics_per_gpu is not None else max(nics, 1)
+        if per < 1:
+            raise ValueError("--nics-from needs --nics-per-gpu of 1 or more")
+        spec = neighbour_nic_spec(
+            gpus, NeighbourNics(args.nics_from, per), args.driver, selectors, neighbour_cpus(args)
+        )
+        nics = per
+    else:
+        spec = ladder_spec(
+            gpus,
+            nics,
+            args.driver,
+            selectors,
+            args.cpu_groups,
+            scaleup=scaleup,
+            cpus_from=neighbour_cpus(args),
+        )
     name = args.name or (req.name if req else f"gpus-{gpus}" + (f"-nics-{nics}" if nics else ""))
     from toposlice.sources import check_object_name
 
@@ -201,15 +223,19 @@ def _on_machine(machine: str, spec: dict[str, Any], args: argparse.Namespace) ->
     inv = discover("/", fake=machine)
     slices = build_slices(inv, "node", opts)
     note = ""
-    if getattr(args, "cpus_from", None):
-        # The model holds toposlice's devices only: it places the GPUs (and NICs) alone.
-        note = f" ({args.cpus_from}'s CPUs not modelled)"
+    foreign = [f for f in (getattr(args, "cpus_from", None), getattr(args, "nics_from", None)) if f]
+    if foreign:
+        # The model holds toposlice's devices only: it places the GPUs alone.
+        note = f" ({' and '.join(foreign)} devices not modelled)"
         devices = spec["devices"]
+        theirs = {"cpus"} | {r["name"] for r in devices["requests"] if r["name"][:4] == "nic-"}
         spec = {
             "devices": {
-                "requests": [r for r in devices["requests"] if r["name"] != "cpus"],
+                "requests": [r for r in devices["requests"] if r["name"] not in theirs],
                 "constraints": [
-                    c for c in devices.get("constraints", []) if "cpus" not in c["requests"]
+                    c
+                    for c in devices.get("constraints", [])
+                    if not theirs & {ref.split("/")[0] for ref in c["requests"]}
                 ],
             }
         }

@@ -30,6 +30,8 @@ PEER_TARBALLS = (
     "peers-nvidia-linux-amd64.tar.xz",
 )
 DRIVER = "toposlice.dev"
+NS = "default"
+PAUSE = "registry.k8s.io/pause:3.10.2"
 
 #: name -> value, printed in the terminal summary (tests/interop/conftest.py).
 FIGURES: dict[str, Any] = {}
@@ -215,3 +217,152 @@ def slices_of(cluster: Cluster, node: str, driver: str | None = None) -> list[di
 
 def devices_of(slices: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return {d["name"]: d for s in slices for d in s["spec"].get("devices") or []}
+
+
+def toposlice(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "toposlice", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=check,
+    )
+
+
+class Scenario:
+    """One fake machine on the node: its tree, the peers on it, ``toposlice run``, and the
+    claims (each with a pod: the scheduler allocates claims for pods) made meanwhile."""
+
+    def __init__(self, node: Any, kit: Path, machine: str, base: Path) -> None:
+        self.node = node
+        self.cluster: Cluster = node.cluster
+        self.machine = machine
+        self.tree = base / "tree"
+        self.peer = Peer(kit, node.cluster, node.dir, base / "run")
+        self.run = ToposliceRun(node.cluster, node.dir, node.name, machine)
+        self.claims: list[str] = []
+
+    def write_tree(self) -> None:
+        toposlice("machines", "tree", self.machine, "--to", str(self.tree))
+
+    def device_classes(self) -> None:
+        """toposlice's DeviceClasses (the chart installs them)."""
+        text = toposlice("claim", "--gpus", "1", "--nics-per-gpu", "1", "--cpu-groups", "1")
+        self.cluster.kubectl("apply", "-f", "-", input=text.stdout)
+
+    def release_all(self) -> None:
+        for name in self.claims:
+            self.cluster.kubectl(
+                "delete",
+                "pod,resourceclaim",
+                name,
+                "-n",
+                NS,
+                "--ignore-not-found",
+                "--wait=true",
+                "--timeout=60s",
+                check=False,
+            )
+        self.claims.clear()
+
+    def drop_slices(self, *drivers: str) -> None:
+        for driver in drivers:
+            self.cluster.kubectl(
+                "delete",
+                "resourceslices",
+                "--field-selector",
+                f"spec.nodeName={self.node.name},spec.driver={driver}",
+                check=False,
+            )
+
+    def claim(self, name: str, spec: dict[str, Any]) -> None:
+        """A ResourceClaim and a pod using it (the scheduler allocates claims for pods)."""
+        self.claims.append(name)
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": NS},
+            "spec": {
+                "tolerations": [{"operator": "Exists"}],
+                "terminationGracePeriodSeconds": 0,
+                "resourceClaims": [{"name": "c", "resourceClaimName": name}],
+                "containers": [
+                    {"name": "c", "image": PAUSE, "resources": {"claims": [{"name": "c"}]}}
+                ],
+            },
+        }
+        claim = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": NS},
+            "spec": spec,
+        }
+        self.cluster.kubectl(
+            "apply",
+            "-f",
+            "-",
+            input=json.dumps({"apiVersion": "v1", "kind": "List", "items": [claim, pod]}),
+        )
+
+    def allocation(self, name: str) -> dict[str, Any] | None:
+        out = self.cluster.kubectl(
+            "get", "resourceclaim", name, "-n", NS, "-o", "json", "--ignore-not-found"
+        )
+        return json.loads(out).get("status", {}).get("allocation") if out.strip() else None
+
+    def delete(self, name: str) -> None:
+        """Delete the pod and claim, then wait for the kubelet's unprepare (seen as
+        toposlice's devices no longer prepared): until then the kubelet refuses a new claim
+        given the same devices ("overlapping device assignment")."""
+        alloc = self.allocation(name) or {}
+        mine = [
+            r["device"]
+            for r in (alloc.get("devices") or {}).get("results") or []
+            if r["driver"] == "toposlice.dev"
+        ]
+        self.cluster.kubectl("delete", "pod,resourceclaim", name, "-n", NS, "--wait=true")
+        self.claims.remove(name)
+
+        def released() -> bool:
+            text = self.run.http("/metrics")
+            return all(f'toposlice_device_allocated{{device="{d}"}} 0.0' in text for d in mine)
+
+        poll(released, timeout=60, what=f"claim {name} unprepared")
+        # The scheduler learns of the deletion from its own watch: give it a moment, or the
+        # next claim may still find these devices taken and get others (an example's
+        # expected devices are those of an empty node).
+        time.sleep(1.0)
+
+    def wait_allocated(self, name: str) -> list[dict[str, Any]]:
+        alloc = poll(lambda: self.allocation(name), timeout=60, what=f"claim {name} allocated")
+        results: list[dict[str, Any]] = alloc["devices"]["results"]
+        return results
+
+    def unschedulable(self, name: str) -> str:
+        out = self.cluster.kubectl("get", "pod", name, "-n", NS, "-o", "json")
+        for cond in json.loads(out).get("status", {}).get("conditions") or []:
+            if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
+                return str(cond.get("message", ""))
+        return ""
+
+
+def expected_lines(path: Path) -> dict[str, dict[str, list[str]]]:
+    """An example's ``#   machine: request = device device; request = device`` comment lines:
+    machine -> request (without its rung) -> devices."""
+    import re
+
+    out: dict[str, dict[str, list[str]]] = {}
+    for line in path.read_text().splitlines():
+        m = re.match(r"^#\s{2,}([a-z0-9-]+): ([a-z0-9-]+ = .+)$", line)
+        if m:
+            parts = dict(p.split(" = ") for p in m.group(2).split("; "))
+            out[m.group(1)] = {k: v.split() for k, v in parts.items()}
+    return out
+
+
+def by_request(results: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """Allocation results as request (without its rung) -> sorted devices."""
+    out: dict[str, list[str]] = {}
+    for r in results:
+        out.setdefault(r["request"].split("/")[0], []).append(r["device"])
+    return {k: sorted(v) for k, v in out.items()}

@@ -22,7 +22,6 @@ from __future__ import annotations
 import copy
 import json
 import re
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -35,15 +34,21 @@ import yaml
 from discovery.readers import parse_cpulist
 from tests.e2e.cluster import poll
 from tests.interop.conftest import NriNode
-from tests.interop.peers import FIGURES, Peer, ToposliceRun, devices_of, slices_of
+from tests.interop.peers import (
+    FIGURES,
+    NS,
+    Scenario,
+    devices_of,
+    expected_lines,
+    slices_of,
+    toposlice,
+)
 
 pytestmark = pytest.mark.interop
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples" / "dra-cpu"
 RECORDED = REPO / "tests" / "data" / "foreign-slices" / "recorded"
-NS = "default"
-PAUSE = "registry.k8s.io/pause:3.10.2"
 BRIDGE = "dra.net/numaNode"
 NUMA = "resource.kubernetes.io/numaNode"
 SCENARIOS = [
@@ -54,28 +59,12 @@ SCENARIOS = [
 ]
 
 
-def toposlice(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "toposlice", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=check,
-    )
-
-
-class Pair:
+class Pair(Scenario):
     """One scenario: the fake machine's tree, the peer in one mode and ``toposlice run``."""
 
     def __init__(self, node: NriNode, kit: Path, machine: str, mode: str, base: Path) -> None:
-        self.node = node
-        self.cluster = node.cluster
-        self.machine = machine
+        super().__init__(node, kit, machine, base)
         self.mode = mode
-        self.tree = base / "tree"
-        self.peer = Peer(kit, node.cluster, node.dir, base / "run")
-        self.run = ToposliceRun(node.cluster, node.dir, node.name, machine)
-        self.claims: list[str] = []
 
     @property
     def flags(self) -> list[str]:
@@ -84,7 +73,7 @@ class Pair:
         return ["--cpu-device-mode=individual"] if self.mode == "individual" else []
 
     def start(self) -> None:
-        toposlice("machines", "tree", self.machine, "--to", str(self.tree))
+        self.write_tree()
         # The peer first: toposlice then sees it at its first read and never publishes CPUs.
         took = self.peer.up("dracpu", self.node.name, self.tree / "sys", *self.flags)
         FIGURES[f"dracpu {self.mode} on {self.machine}: to its slice"] = f"{took:.1f} s"
@@ -93,106 +82,13 @@ class Pair:
         FIGURES[f"toposlice run beside it ({self.machine}): ready"] = (
             f"{time.monotonic() - t0:.1f} s"
         )
-        self.cluster.kubectl(
-            "apply",
-            "-f",
-            "-",
-            input=toposlice(
-                "claim", "--gpus", "1", "--nics-per-gpu", "1", "--cpu-groups", "1"
-            ).stdout,
-        )
+        self.device_classes()
 
     def stop(self) -> None:
-        for name in self.claims:
-            self.cluster.kubectl(
-                "delete",
-                "pod,resourceclaim",
-                name,
-                "-n",
-                NS,
-                "--ignore-not-found",
-                "--wait=true",
-                "--timeout=60s",
-                check=False,
-            )
+        self.release_all()
         self.run.stop()
         self.peer.down("dracpu")
-        for driver in ("dra.cpu", "toposlice.dev"):
-            self.cluster.kubectl(
-                "delete",
-                "resourceslices",
-                "--field-selector",
-                f"spec.nodeName={self.node.name},spec.driver={driver}",
-                check=False,
-            )
-
-    # ---- claims
-
-    def claim(self, name: str, spec: dict[str, Any]) -> None:
-        """A ResourceClaim and a pod using it (the scheduler allocates claims for pods)."""
-        self.claims.append(name)
-        pod = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": name, "namespace": NS},
-            "spec": {
-                "tolerations": [{"operator": "Exists"}],
-                "terminationGracePeriodSeconds": 0,
-                "resourceClaims": [{"name": "c", "resourceClaimName": name}],
-                "containers": [
-                    {"name": "c", "image": PAUSE, "resources": {"claims": [{"name": "c"}]}}
-                ],
-            },
-        }
-        claim = {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaim",
-            "metadata": {"name": name, "namespace": NS},
-            "spec": spec,
-        }
-        self.cluster.kubectl(
-            "apply",
-            "-f",
-            "-",
-            input=json.dumps({"apiVersion": "v1", "kind": "List", "items": [claim, pod]}),
-        )
-
-    def allocation(self, name: str) -> dict[str, Any] | None:
-        out = self.cluster.kubectl(
-            "get", "resourceclaim", name, "-n", NS, "-o", "json", "--ignore-not-found"
-        )
-        return json.loads(out).get("status", {}).get("allocation") if out.strip() else None
-
-    def delete(self, name: str) -> None:
-        """Delete the pod and claim, then wait for the kubelet's unprepare (seen as
-        toposlice's devices no longer prepared): until then the kubelet refuses a new claim
-        given the same devices ("overlapping device assignment")."""
-        alloc = self.allocation(name) or {}
-        mine = [
-            r["device"]
-            for r in (alloc.get("devices") or {}).get("results") or []
-            if r["driver"] == "toposlice.dev"
-        ]
-        self.cluster.kubectl("delete", "pod,resourceclaim", name, "-n", NS, "--wait=true")
-        self.claims.remove(name)
-
-        def released() -> bool:
-            text = self.run.http("/metrics")
-            return all(f'toposlice_device_allocated{{device="{d}"}} 0.0' in text for d in mine)
-
-        poll(released, timeout=60, what=f"claim {name} unprepared")
-
-    def wait_allocated(self, name: str) -> list[dict[str, Any]]:
-        alloc = poll(lambda: self.allocation(name), timeout=60, what=f"claim {name} allocated")
-        results: list[dict[str, Any]] = alloc["devices"]["results"]
-        return results
-
-    def unschedulable(self, name: str) -> str:
-        out = self.cluster.kubectl("get", "pod", name, "-n", NS, "-o", "json")
-        for cond in json.loads(out).get("status", {}).get("conditions") or []:
-            if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
-                return str(cond.get("message", ""))
-        return ""
+        self.drop_slices("dra.cpu", "toposlice.dev")
 
     def prepared_cpus(self, uid: str) -> list[int]:
         """The CPU ids dra.cpu picked for the claim at NodePrepareResources (its log)."""
@@ -316,17 +212,6 @@ def check_together(pair: Pair, name: str, gpus: int) -> tuple[list[str], list[st
     prepared = pair.prepared_cpus(uid["metadata"]["uid"])
     assert set(prepared) <= numa_cpus(pair)[nodes.pop()]
     return got_gpus, got_cpus
-
-
-def expected_lines(path: Path) -> dict[str, dict[str, list[str]]]:
-    """``#   machine: gpus = a b; cpus = c`` comment lines."""
-    out: dict[str, dict[str, list[str]]] = {}
-    for line in path.read_text().splitlines():
-        m = re.match(r"^#\s{2,}([a-z0-9-]+): (gpus = .+)$", line)
-        if m:
-            parts = dict(p.split(" = ") for p in m.group(2).split("; "))
-            out[m.group(1)] = {k: v.split() for k, v in parts.items()}
-    return out
 
 
 def test_the_example_gets_what_its_comment_says(pair: Pair) -> None:

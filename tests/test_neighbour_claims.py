@@ -1,0 +1,114 @@
+"""Claims that take CPUs or NICs from another driver (``toposlice claim --cpus-from dra.cpu``,
+``--nics-from dra.net``): their shape, the constraints that tie them to toposlice's GPUs, and
+that the API schema takes them. The real scheduler allocating them is tests/interop/."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import kubernetes_validate
+import pytest
+from kubernetes_validate.utils import latest_version
+
+from scorer.ladder import NeighbourCpus, NeighbourNics, ladder_spec, neighbour_nic_spec
+from toposlice.cli import main
+
+BRIDGE = "dra.net/numaNode"
+
+
+def claim(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, Any]:
+    assert main(["claim", *args, "-o", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    template = doc["items"][0]
+    kubernetes_validate.validate(template, latest_version(), strict=True)
+    spec: dict[str, Any] = template["spec"]["spec"]
+    return spec
+
+
+def names(spec: dict[str, Any]) -> list[str]:
+    return [r["name"] for r in spec["devices"]["requests"]]
+
+
+def tie(spec: dict[str, Any]) -> dict[str, Any]:
+    return next(c for c in spec["devices"]["constraints"] if "cpus" in c["requests"])
+
+
+def test_grouped_cpus_ask_for_capacity_of_one_device(capsys: pytest.CaptureFixture[str]) -> None:
+    spec = claim(capsys, "--gpus", "2", "--cpus-from", "dra.cpu", "--cpus", "8")
+    assert names(spec) == ["gpus", "cpus"]
+    cpus = spec["devices"]["requests"][1]["exactly"]
+    assert cpus["deviceClassName"] == "dra.cpu" and cpus["count"] == 1
+    assert cpus["capacity"] == {"requests": {"dra.cpu/cpu": "8"}}
+    assert tie(spec) == {"requests": ["gpus", "cpus"], "matchAttribute": BRIDGE}
+    # tied to the CPUs, `any` would search again what `numa` did
+    assert [s["name"] for s in spec["devices"]["requests"][0]["firstAvailable"]] == ["numa"]
+
+
+def test_individual_cpus_are_devices(capsys: pytest.CaptureFixture[str]) -> None:
+    spec = claim(
+        capsys, "--gpus", "1", "--cpus-from", "dra.cpu", "--cpus", "4",
+        "--cpu-device-mode", "individual",
+    )  # fmt: skip
+    cpus = spec["devices"]["requests"][1]["exactly"]
+    assert cpus["count"] == 4 and "capacity" not in cpus
+
+
+def test_cpus_are_tied_to_every_gpu_of_a_paired_ladder(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    spec = claim(
+        capsys, "--gpus", "4", "--nics-per-gpu", "1", "--cpus-from", "dra.cpu", "--cpus", "4"
+    )
+    assert names(spec)[:2] == ["gpu-0", "cpus"]  # right after the first GPU: fails fast
+    assert tie(spec)["requests"] == ["gpu-0", "gpu-1", "gpu-2", "gpu-3", "cpus"]
+
+
+def test_nics_from_dranet_pair_each_gpu_by_root_then_numa(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    spec = claim(capsys, "--gpus", "2", "--nics-from", "dra.net", "--cpus-from", "dra.cpu",
+                 "--cpus", "4")  # fmt: skip
+    assert names(spec) == ["gpu-0", "cpus", "nic-0", "gpu-1", "nic-1"]
+    nic = spec["devices"]["requests"][2]["firstAvailable"]
+    assert [s["name"] for s in nic] == ["root", "numa"]
+    assert all(s["deviceClassName"] == "dra.net" for s in nic)
+    assert all(
+        s["selectors"] == [{"cel": {"expression": 'device.attributes["dra.net"].rdma == true'}}]
+        for s in nic
+    )
+    pairs = {(tuple(c["requests"]), c["matchAttribute"]) for c in spec["devices"]["constraints"]}
+    for i in range(2):
+        assert ((f"gpu-{i}", f"nic-{i}/root"), "resource.kubernetes.io/pcieRoot") in pairs
+        assert ((f"gpu-{i}", f"nic-{i}/numa"), BRIDGE) in pairs
+    # each GPU request its own window of ordinals: every GPU set tried once
+    assert "ordinal" in json.dumps(spec["devices"]["requests"][0]["exactly"]["selectors"])
+
+
+def test_two_nics_per_gpu_and_the_limits() -> None:
+    spec = neighbour_nic_spec(3, NeighbourNics("dra.net", per_gpu=2))
+    assert all(
+        s["count"] == 2 for r in spec["devices"]["requests"] for s in r.get("firstAvailable", [])
+    )
+    assert len(spec["devices"]["requests"]) == 6 and len(spec["devices"]["constraints"]) == 6
+    with pytest.raises(ValueError, match="at most 16"):
+        neighbour_nic_spec(17, NeighbourNics("dra.net"))
+    with pytest.raises(ValueError, match="not both"):
+        ladder_spec(2, cpu_groups=1, cpus_from=NeighbourCpus("dra.cpu", 4))
+
+
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        (["--cpus", "4"], "--cpus needs --cpus-from"),
+        (["--cpus-from", "dra.cpu"], "needs --cpus N"),
+        (["--cpus-from", "dra.cpu", "--cpus", "4", "--cpu-groups", "1"], "one driver"),
+        (["--nics-from", "dra.net", "--cpu-groups", "1"], "--cpus-from"),
+        (["--nics-from", "dra.net", "--nics-per-gpu", "0"], "--nics-per-gpu of 1"),
+    ],
+)
+def test_bad_neighbour_flags_say_why(
+    args: list[str], error: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["claim", "--gpus", "2", *args]) == 2
+    assert error in capsys.readouterr().err
