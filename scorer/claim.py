@@ -19,7 +19,7 @@ from typing import Any
 from normalize.deviceclasses import device_class_name, device_classes
 
 from .allocator import AllocationError, allocate
-from .ladder import Chosen, ladder_spec
+from .ladder import Chosen, NeighbourNics, ladder_spec, neighbour_nic_spec
 from .request import Occupancy, Request
 from .score import Placement, assign_nics, score_devices
 from .topology import GpuView, NicView, NodeTopology
@@ -239,6 +239,28 @@ def ladder_spec_for(
     return spec
 
 
+def neighbour_spec_for(
+    topo: NodeTopology, req: Request, p: Placement, nics: NeighbourNics
+) -> dict[str, Any]:
+    """The claim for a placement whose NICs another driver publishes (dranet): each GPU its
+    scored GPU and NICs first (pinned), then a NIC on its root, else on its NUMA node
+    (scorer.ladder.neighbour_nic_spec). Not checked against the allocator model, which
+    holds toposlice's devices only."""
+    gpus = sorted((topo.gpu(v) for v in p.gpus), key=lambda g: g.bus_id)
+    picked = [n for n in topo.nics if n.vid in p.nics]
+    per = nics.per_gpu
+    pairs = assign_nics(topo, gpus, picked, per) or [] if picked else []
+    mine = {g.vid: [n for gg, n in pairs if gg.vid == g.vid] for g in gpus}
+    chosen = Chosen(
+        gpu_bus_ids=tuple(g.bus_id for g in gpus),
+        pair_attribute=tuple(pair_attribute(topo.driver, g, mine[g.vid]) for g in gpus),
+        nic_bus_ids=tuple(tuple(sorted(n.bus_id for n in mine[g.vid])) for g in gpus),
+    )
+    return neighbour_nic_spec(
+        len(gpus), nics, topo.driver, gpu_selectors(req, topo.driver), chosen=chosen
+    )
+
+
 def claim_list(
     name: str,
     pods: Sequence[tuple[NodeTopology, Placement]],
@@ -247,6 +269,7 @@ def claim_list(
     slices: dict[str, list[dict[str, Any]]] | None = None,
     namespace: str | None = None,
     ladder: bool = True,
+    nics_from: NeighbourNics | None = None,
 ) -> dict[str, Any]:
     """A ``List`` with one ResourceClaimTemplate per pod and the DeviceClasses they name:
     prioritized-list ladders (``ladder_spec_for``), or with ``ladder=False`` the single
@@ -255,7 +278,9 @@ def claim_list(
     driver = pods[0][0].driver if pods else "toposlice.dev"
     for i, (topo, p) in enumerate(pods):
         node_slices = (slices or {}).get(topo.name)
-        if ladder:
+        if nics_from is not None:
+            spec = neighbour_spec_for(topo, req, p, nics_from)
+        elif ladder:
             spec = ladder_spec_for(topo, req, occ, p, node_slices)
         else:
             spec = claim_spec_for(topo, req, occ, p, node_slices)

@@ -165,10 +165,16 @@ def neighbour_nic_spec(
     driver: str = "toposlice.dev",
     gpu_selectors: Sequence[str] = (),
     cpus_from: NeighbourCpus | None = None,
+    chosen: Chosen | None = None,
 ) -> dict[str, Any]:
     """One request per GPU (``gpu-i``, windowed as the paired ladder's) followed by its NIC
     request (``nic-i``: ``root``, then ``numa``), so a GPU whose NIC cannot be found fails
-    right after that GPU's choices; ``cpus_from`` ties another driver's CPUs to the GPUs."""
+    right after that GPU's choices; ``cpus_from`` ties another driver's CPUs to the GPUs.
+    With a scored placement (``score --emit-claim``), ``gpu-i`` tries its chosen GPU first
+    (``chosen``, pinned by ``pciBusID``) and ``nic-i`` its chosen NICs (pinned by the
+    neighbour's own name for the address, ``dra.net/pciAddress``), tied to ``gpu-i`` by
+    the attribute the pair shares: the scorer's pick (closest by PCIe switch where there is
+    one) while it is free, the rungs above when it is not."""
     from normalize.dialects import DIALECTS
 
     if gpus < 1 or nics.per_gpu < 1:
@@ -179,11 +185,32 @@ def neighbour_nic_spec(
     ncls = DIALECTS[nics.driver].device_class or nics.driver
     requests: list[dict[str, Any]] = []
     constraints: list[dict[str, Any]] = []
+    bus_name = DIALECTS[nics.driver].bus_id
+    if chosen is not None and len(chosen.gpu_bus_ids) != gpus:
+        raise ValueError("a chosen placement needs one GPU per GPU request")
+    if chosen is not None and 3 * gpus + (1 if cpus_from else 0) > MAX_CONSTRAINTS:
+        raise ValueError(f"--gpus {gpus}: too many to pin the chosen pairs")
     for i in range(gpus):
         sel = [*gpu_selectors, window(driver, i, gpus)] if gpus > 1 else list(gpu_selectors)
-        requests.append({"name": f"gpu-{i}", "exactly": _exact(gcls, 1, sel)})
-        subs = [_sub(rung, ncls, nics.per_gpu, nics.selectors()) for rung, _ in NEIGHBOUR_NIC_RUNGS]
-        requests.append({"name": f"nic-{i}", "firstAvailable": subs})
+        nic_subs = [
+            _sub(rung, ncls, nics.per_gpu, nics.selectors()) for rung, _ in NEIGHBOUR_NIC_RUNGS
+        ]
+        if chosen is None:
+            requests.append({"name": f"gpu-{i}", "exactly": _exact(gcls, 1, sel)})
+        else:
+            pin = [*gpu_selectors, pin_expression([chosen.gpu_bus_ids[i]])]
+            subs = [_sub("chosen", gcls, 1, pin), _sub("any", gcls, 1, sel)]
+            requests.append({"name": f"gpu-{i}", "firstAvailable": subs})
+            tie = _neighbour_tie(chosen, i)
+            mine = chosen.nic_bus_ids[i] if i < len(chosen.nic_bus_ids) else ()
+            if bus_name and tie and len(mine) == nics.per_gpu:
+                domain, name = bus_name.split("/", 1)
+                nic_pin = f'device.attributes["{domain}"].{name} in {json.dumps(sorted(mine))}'
+                nic_subs.insert(0, _sub("chosen", ncls, nics.per_gpu, [nic_pin]))
+                constraints.append(
+                    {"requests": [f"gpu-{i}", f"nic-{i}/chosen"], "matchAttribute": tie}
+                )
+        requests.append({"name": f"nic-{i}", "firstAvailable": nic_subs})
         for rung, attr in NEIGHBOUR_NIC_RUNGS:
             constraints.append(
                 {"requests": [f"gpu-{i}", f"nic-{i}/{rung}"], "matchAttribute": attr}
@@ -339,6 +366,16 @@ def ladder_spec(
     if constraints:
         devices["constraints"] = constraints
     return {"devices": devices}
+
+
+def _neighbour_tie(chosen: Chosen, i: int) -> str | None:
+    """What a chosen GPU and its chosen neighbour NICs share, in names both drivers publish:
+    the root, else the NUMA node (a closest-NIC group or a PCIe switch of toposlice's lies
+    within it); None when they share nothing (no chosen NIC rung then)."""
+    attr = chosen.pair_attribute[i] if i < len(chosen.pair_attribute) else None
+    if attr is None:
+        return None
+    return f"{STD}/pcieRoot" if attr == f"{STD}/pcieRoot" else "dra.net/numaNode"
 
 
 def _add_neighbour_cpus(

@@ -5,6 +5,7 @@ that the API schema takes them. The real scheduler allocating them is tests/inte
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
@@ -15,6 +16,8 @@ from scorer.ladder import NeighbourCpus, NeighbourNics, ladder_spec, neighbour_n
 from toposlice.cli import main
 
 BRIDGE = "dra.net/numaNode"
+ROOT = "resource.kubernetes.io/pcieRoot"
+REPO = Path(__file__).resolve().parent.parent
 
 
 def claim(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, Any]:
@@ -112,3 +115,50 @@ def test_bad_neighbour_flags_say_why(
 ) -> None:
     assert main(["claim", "--gpus", "2", *args]) == 2
     assert error in capsys.readouterr().err
+
+
+NEIGHBOUR_EXAMPLES = sorted(
+    p for d in ("dra-cpu", "dranet") for p in (REPO / "examples" / d).glob("*.yaml")
+)
+
+
+@pytest.mark.parametrize("path", NEIGHBOUR_EXAMPLES, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_neighbour_examples_are_valid_and_say_what_they_get(path: Path) -> None:
+    """The schema here; what the real scheduler gives them, beside the real drivers, is
+    tests/interop/ (it reads the same comment lines)."""
+    import yaml
+
+    docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
+    assert len(docs) == 1
+    kubernetes_validate.validate(docs[0], latest_version(), strict=True)
+    machines = {
+        line.split(":")[0].strip("# ")
+        for line in path.read_text().splitlines()
+        if line.startswith("#   ") and (" = " in line or line.endswith(": unallocated"))
+    }
+    assert machines == {"dgx-h100", "mi300x-8"}
+
+
+def test_score_emits_the_scored_pairs_first_in_dranets_terms(tmp_path: Path) -> None:
+    out = tmp_path / "claim.json"
+    request = REPO / "examples" / "requests" / "tp4-training.yaml"
+    rc = main(["score", "--request", str(request), "--fake", "dgx-h100", "--emit-claim",
+               str(out), "--nics-from", "dra.net"])  # fmt: skip
+    assert rc == 0
+    template = json.loads(out.read_text())["items"][0]
+    kubernetes_validate.validate(template, latest_version(), strict=True)
+    spec = template["spec"]["spec"]
+    requests = {r["name"]: r for r in spec["devices"]["requests"]}
+    assert list(requests) == [x for i in range(4) for x in (f"gpu-{i}", f"nic-{i}")]
+    pinned_gpus, pinned_nics = [], []
+    for i in range(4):
+        gpu, nic = requests[f"gpu-{i}"]["firstAvailable"], requests[f"nic-{i}"]["firstAvailable"]
+        assert [s["name"] for s in gpu] == ["chosen", "any"]
+        assert [s["name"] for s in nic] == ["chosen", "root", "numa"]
+        pinned_gpus.append(gpu[0]["selectors"][-1]["cel"]["expression"].split('"')[-2])
+        pinned_nics.append(json.loads(nic[0]["selectors"][0]["cel"]["expression"].split(" in ")[1]))
+        tie = {"requests": [f"gpu-{i}", f"nic-{i}/chosen"], "matchAttribute": ROOT}
+        assert tie in spec["devices"]["constraints"]
+    # the scorer's pick on dgx-h100: four GPUs of one NUMA node, each with the IB NIC on its root
+    assert pinned_gpus == ["0000:1b:00.0", "0000:43:00.0", "0000:52:00.0", "0000:61:00.0"]
+    assert pinned_nics == [["0000:18:00.0"], ["0000:40:00.0"], ["0000:4f:00.0"], ["0000:5e:00.0"]]

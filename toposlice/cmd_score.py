@@ -68,6 +68,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "prioritized list, the chosen devices first, then looser topology classes",
     )
     p.add_argument("--claim-name", default=None, help="template name (default: request name)")
+    from normalize.dialects import NIC_DRIVERS
+
+    p.add_argument(
+        "--nics-from",
+        choices=NIC_DRIVERS,
+        default=None,
+        metavar="DRIVER",
+        help="--emit-claim for a node whose NICs another DRA driver publishes "
+        f"({', '.join(NIC_DRIVERS)}): each GPU's scored NICs first, pinned by that driver's "
+        "dra.net/pciAddress, then one on its root, else on its NUMA node",
+    )
 
 
 def fake_node(spec: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -163,7 +174,12 @@ def run(args: argparse.Namespace) -> int:
 
         best = results[0]
         pods = [(by_name[p.node], p) for p in best.pods]
-        doc = claim_list(args.claim_name or req.name, pods, req, occ, slices)
+        nics_from = None
+        if args.nics_from:
+            from scorer.ladder import NeighbourNics
+
+            nics_from = NeighbourNics(args.nics_from, max(req.nics_per_gpu, 1))
+        doc = claim_list(args.claim_name or req.name, pods, req, occ, slices, nics_from=nics_from)
         import yaml
 
         text = (

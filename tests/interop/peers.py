@@ -242,6 +242,22 @@ class Scenario:
         self.run = ToposliceRun(node.cluster, node.dir, node.name, machine)
         self.claims: list[str] = []
 
+    def scheduler_attempts(self) -> tuple[float, int]:
+        """kube-scheduler's (seconds, attempts) of scheduling so far (its /metrics)."""
+        import ssl
+        import urllib.request
+
+        from bench.claim_worst_case_real import attempt_totals
+
+        ctx = ssl.create_default_context()
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE  # its serving certificate is self-signed
+        pki = self.cluster.pki
+        ctx.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
+        url = f"https://127.0.0.1:{self.cluster.sched_port}/metrics"
+        with urllib.request.urlopen(url, context=ctx, timeout=30) as resp:
+            return attempt_totals(resp.read().decode())
+
     def write_tree(self) -> None:
         toposlice("machines", "tree", self.machine, "--to", str(self.tree))
 

@@ -179,17 +179,33 @@ def nic_claim(gpus: int) -> dict[str, Any]:
     return spec
 
 
+def attempt_figure(trio: Trio, gpus: int, before: tuple[float, int], what: str) -> None:
+    """The scheduler's time per attempt for the claim (the worst-case concern of issue 31:
+    a claim shape must not make the scheduler search for long, least of all on a node where
+    it cannot fit)."""
+    seconds, count = trio.scheduler_attempts()
+    attempts = count - before[1]
+    if attempts > 0:
+        ms = 1000 * (seconds - before[0]) / attempts
+        FIGURES[f"--nics-from dra.net, {gpus} GPU(s) on {trio.machine} ({what})"] = (
+            f"{ms:.1f} ms per scheduling attempt ({attempts} attempt(s))"
+        )
+
+
 @pytest.mark.parametrize("gpus", [1, 2, 4])
 def test_each_gpu_gets_the_closest_dranet_nic(trio: Trio, gpus: int) -> None:
     name = f"nics-{gpus}"
+    before = trio.scheduler_attempts()
     trio.claim(name, nic_claim(gpus))
     if not FITS[(trio.machine, gpus)]:
         message = poll(lambda: trio.unschedulable(name), timeout=30, what=f"{name} refused")
         assert "cannot allocate all claims" in message
         assert trio.allocation(name) is None
+        attempt_figure(trio, gpus, before, "unschedulable")
         trio.delete(name)
         return
     results = trio.wait_allocated(name)
+    attempt_figure(trio, gpus, before, "allocated")
     own, theirs = trio.own(), trio.dranet()
     by_request = {r["request"]: r for r in results}
     nics_taken = [r["device"] for r in results if r["driver"] == "dra.net"]
@@ -305,6 +321,14 @@ def test_the_example_gets_what_its_comment_says(trio: Trio, example: Path) -> No
     template = next(d for d in yaml.safe_load_all(example.read_text()) if d)
     name = f"example-{example.stem}"[:60]
     trio.claim(name, template["spec"]["spec"])
+    if f"#   {trio.machine}: unallocated" in example.read_text():
+        try:
+            message = poll(lambda: trio.unschedulable(name), timeout=30, what=f"{name} refused")
+            assert "cannot allocate all claims" in message
+            assert trio.allocation(name) is None
+        finally:
+            trio.delete(name)
+        return
     try:
         got = by_request(trio.wait_allocated(name))
     finally:
@@ -315,3 +339,29 @@ def test_the_example_gets_what_its_comment_says(trio: Trio, example: Path) -> No
         f"{example.name} has no line for {trio.machine}: #   {trio.machine}: {line}"
     )
     assert got == {k: sorted(v) for k, v in want.items()}, line
+
+
+def test_score_emits_a_claim_the_scheduler_lands_on_the_scored_pairs(
+    trio: Trio, tmp_path: Path
+) -> None:
+    """`score --emit-claim --nics-from dra.net`: the scored GPUs and NICs, pinned in each
+    driver's own names, are what the scheduler allocates on the empty node."""
+    request = tmp_path / "req.yaml"
+    request.write_text("name: pairs\ngpus: 2\nnicsPerGpu: 1\n")
+    out = tmp_path / "claim.yaml"
+    toposlice("score", "--request", str(request), "--fake", f"{trio.machine}:{trio.node.name}",
+              "--emit-claim", str(out), "--nics-from", "dra.net")  # fmt: skip
+    template = yaml.safe_load(out.read_text())["items"][0]
+    spec = template["spec"]["spec"]
+    trio.claim("scored", spec)
+    try:
+        results = trio.wait_allocated("scored")
+    finally:
+        trio.delete("scored")
+    rungs = {r["request"] for r in results}
+    assert rungs == {"gpu-0/chosen", "nic-0/chosen", "gpu-1/chosen", "nic-1/chosen"}, rungs
+    theirs = trio.dranet()
+    pinned = json.dumps(spec)
+    for r in results:
+        if r["driver"] == "dra.net":
+            assert theirs[r["device"]]["attributes"]["dra.net/pciAddress"]["string"] in pinned
