@@ -550,6 +550,8 @@ class Daemon:
             log.warning("%s", text)
             self._post_node_event(text, REASON)
         self._publish_desired()
+        if self._snap is not None and self.state is not None:
+            self._check_vendor_cdi(self._snap.inventory)  # GPUs left to a vendor driver
 
     def rediscover(self) -> bool:
         """Discover again; True when the published devices changed."""
@@ -620,7 +622,7 @@ class Daemon:
             return
         from .vendor_cdi import EVENT_REASON
 
-        gap = state.vendor_cdi.gap(inv)
+        gap = state.vendor_cdi.gap(self._own_gpus(inv))
         if self.metrics is not None:
             self.metrics.vendor_cdi_missing_gpus.set(gap.missing)
         if gap.message == self.vendor_cdi_gap:
@@ -631,6 +633,19 @@ class Daemon:
             return
         log.warning("%s", gap.message)
         self._post_node_event(gap.message, EVENT_REASON)
+
+    def _own_gpus(self, inv: Inventory) -> Inventory:
+        """``inv`` with only the GPUs toposlice publishes: one left out (``--publish``
+        without gpu, or published by the vendor's own DRA driver, which writes its CDI spec
+        per claim, ``k8s.gpu.nvidia.com/claim``) needs no vendor CDI device of toposlice's."""
+        snap = self._snap
+        names = set(snap.vertex_devices.values()) if snap is not None else set()
+        names -= self._left_to_others()
+        vertex = snap.vertex_devices if snap is not None else {}
+        gpus = [g for g in inv.gpus if vertex.get(f"gpu:{g.bus_id}") in names]
+        if len(gpus) == len(inv.gpus):
+            return inv
+        return dataclasses.replace(inv, gpus=gpus)
 
     def _post_node_event(self, message: str, reason: str) -> None:
         """A Warning Event on the Node, in a thread of its own (the API may be slow)."""

@@ -230,3 +230,24 @@ def test_a_wrong_root_or_numa_node_in_dranets_slice_is_reported(
     device(peer, "pci-0000-18-00-0")["attributes"][attribute] = value
     report = normalization_report(snap, peer, NODE, None, (1, 36))
     assert findings(report, "error") == [("dra.net", "pci-0000-18-00-0", "disagrees-with-hardware")]
+
+
+def test_the_real_nvidia_plugin_raises_no_alarm_and_its_gpus_are_left_to_it() -> None:
+    snap = snapshot_of(NODE, NODE)
+    with open(RECORDED / "nvidia-gpu.yaml", encoding="utf-8") as fh:
+        peer = [d for d in yaml.safe_load_all(fh) if d]
+    gpus = {d["name"] for d in snap.devices if d["attributes"]["type"]["string"] == "gpu"}
+    assert set(neighbourhood(snap, peer, ["gpu.nvidia.com"]).taken) == gpus
+    mine = [
+        {**s, "spec": {**s["spec"], "devices": [
+            d for d in s["spec"]["devices"] if d["attributes"]["type"]["string"] != "gpu"
+        ]}}
+        for s in own(())
+    ]  # fmt: skip
+    report = normalization_report(snap, peer + mine, NODE, None, (1, 36))
+    assert findings(report, "error", "warning") == []
+    matched = [m for m in report.matches if m.identity.driver == "gpu.nvidia.com"]
+    assert len(matched) == 8 and all(m.by == "pciBusID" for m in matched)
+    report = normalization_report(snap, peer + own(()), NODE, None, (1, 36))
+    doubled = [f for f in report.findings if f.check == "double-published"]
+    assert len(doubled) == 16  # each GPU, once per driver

@@ -439,3 +439,30 @@ def test_daemon_says_the_gap_once_per_node(tmp_path: Path) -> None:
             assert len(events()) == 1
         finally:
             daemon.stop(grace=0)
+
+
+def test_gpus_toposlice_does_not_publish_need_no_vendor_device(tmp_path: Path) -> None:
+    """Beside NVIDIA's DRA driver (``--publish nic,cpu``, or GPUs left to it): that driver
+    writes its CDI spec per claim, so no gap, no Event, gauge 0."""
+    import copy
+
+    from driver.daemon import Daemon
+    from driver.vendor_cdi import EVENT_REASON
+    from tests.kubeapi import KubeAPIServer
+    from tests.test_driver_daemon import NODE, config
+
+    inv = snapshot().inventory
+    with KubeAPIServer() as api:
+        api.add_node(NODE)
+        cfg = config(tmp_path, api.write_kubeconfig(tmp_path / "kubeconfig"))
+        cfg = dataclasses.replace(cfg, publish=frozenset({"nic", "cpu"}))
+        daemon = Daemon(cfg, lambda: copy.deepcopy(inv))
+        daemon.start()
+        try:
+            assert daemon.vendor_cdi_gap == ""
+            daemon.rediscover()
+            assert daemon.vendor_cdi_gap == "" and "degraded" not in daemon.status().details
+            found = api.store.select("events", "default", None, None)[0]
+            assert not [e for e in found if e["reason"] == EVENT_REASON]
+        finally:
+            daemon.stop(grace=0)
