@@ -476,7 +476,9 @@ class HttpTransport:
             self._thread.join(timeout)
         if self._sock is not None:
             self._sock.close()
-        self._pool.shutdown(wait=False)
+        # Queued renders are dropped: the interpreter's exit joins the pool's threads and
+        # would run every one of them first (a SIGTERM must not wait for a backlog).
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
     def __enter__(self: _S) -> _S:
         return self.start()

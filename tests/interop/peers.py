@@ -258,6 +258,21 @@ class Scenario:
         with urllib.request.urlopen(url, context=ctx, timeout=30) as resp:
             return attempt_totals(resp.read().decode())
 
+    def devices(self, driver: str) -> dict[str, dict[str, Any]]:
+        """Name -> device of ``driver``'s slices of this node, as the API server has them."""
+        return devices_of(slices_of(self.cluster, self.node.name, driver))
+
+    def doctor(self, *args: str) -> tuple[int, dict[str, Any]]:
+        """``toposlice doctor -o json`` on this machine and node: (exit status, report)."""
+        res = toposlice(
+            "doctor", "--fake", self.machine, "--node-name", self.node.name, "-o", "json",
+            "--plugins-registry", str(self.node.dir / "kubelet" / "plugins_registry"), *args,
+            check=False,
+        )  # fmt: skip
+        assert res.returncode in (0, 1), res.stderr
+        report: dict[str, Any] = json.loads(res.stdout)
+        return res.returncode, report
+
     def write_tree(self) -> None:
         toposlice("machines", "tree", self.machine, "--to", str(self.tree))
 

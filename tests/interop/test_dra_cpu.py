@@ -318,26 +318,8 @@ def test_no_set_on_one_numa_node_leaves_the_claim_unallocated(pair: Pair) -> Non
 # ---- the doctor on the live pair
 
 
-def doctor(pair: Pair, *args: str) -> tuple[int, dict[str, Any]]:
-    res = toposlice(
-        "doctor",
-        "--fake",
-        pair.machine,
-        "--node-name",
-        pair.node.name,
-        "-o",
-        "json",
-        "--plugins-registry",
-        str(pair.node.dir / "kubelet" / "plugins_registry"),
-        *args,
-        check=False,
-    )
-    assert res.returncode in (0, 1), res.stderr
-    return res.returncode, json.loads(res.stdout)
-
-
 def test_doctor_raises_no_false_alarm_on_the_live_pair(pair: Pair) -> None:
-    rc, report = doctor(pair, "--kubeconfig", str(pair.cluster.kubeconfig))
+    rc, report = pair.doctor("--kubeconfig", str(pair.cluster.kubeconfig))
     alarms = [f for f in report["findings"] if f["severity"] in ("error", "warning")]
     assert alarms == [] and rc == 0
     drivers = {d["driver"]: d for d in report["drivers"]}
@@ -365,15 +347,11 @@ def test_doctor_reports_a_wrong_root_and_numa_id_planted_in_the_peers_slice(
     peer[wrong_numa]["attributes"]["dra.cpu/numaNodeID"] = {"int": 1}
     path = tmp_path / "planted.yaml"
     path.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": planted}))
-    rc, report = doctor(pair, "--slices", str(path))
+    rc, report = pair.doctor("--slices", str(path))
     errors = {(f["device"], f["check"]) for f in report["findings"] if f["severity"] == "error"}
     assert (wrong_root, "cpu-pcieRoot-wider-than-pinned") in errors
     assert (wrong_numa, "disagrees-with-hardware") in errors
     assert rc == 1 and len(errors) == 2
-
-
-def own_devices(pair: Pair) -> dict[str, dict[str, Any]]:
-    return devices_of(slices_of(pair.cluster, pair.node.name, "toposlice.dev"))
 
 
 def test_double_publishing_is_reported(pair: Pair) -> None:
@@ -388,7 +366,7 @@ def test_double_publishing_is_reported(pair: Pair) -> None:
             what="toposlice's CPUs published",
         )
         assert 'action="published",driver="dra.cpu"' in pair.run.http("/metrics")
-        rc, report = doctor(pair, "--kubeconfig", str(pair.cluster.kubeconfig))
+        rc, report = pair.doctor("--kubeconfig", str(pair.cluster.kubeconfig))
         doubled = {
             (f["driver"], f["device"])
             for f in report["findings"]

@@ -102,10 +102,10 @@ class Trio(Scenario):
         )
 
     def own(self) -> dict[str, dict[str, Any]]:
-        return devices_of(slices_of(self.cluster, self.node.name, "toposlice.dev"))
+        return self.devices("toposlice.dev")
 
     def dranet(self) -> dict[str, dict[str, Any]]:
-        return devices_of(slices_of(self.cluster, self.node.name, "dra.net"))
+        return self.devices("dra.net")
 
 
 @pytest.fixture(scope="module", params=MACHINES)
@@ -248,18 +248,8 @@ def test_a_gpu_and_a_dranet_nic_on_its_numa_node(trio: Trio) -> None:
     trio.delete("gpu-nic-numa")
 
 
-def doctor(trio: Trio, *args: str) -> tuple[int, dict[str, Any]]:
-    res = toposlice(
-        "doctor", "--fake", trio.machine, "--node-name", trio.node.name, "-o", "json",
-        "--plugins-registry", str(trio.node.dir / "kubelet" / "plugins_registry"), *args,
-        check=False,
-    )  # fmt: skip
-    assert res.returncode in (0, 1), res.stderr
-    return res.returncode, json.loads(res.stdout)
-
-
 def test_doctor_on_the_live_trio(trio: Trio, tmp_path: Path) -> None:
-    rc, report = doctor(trio, "--kubeconfig", str(trio.cluster.kubeconfig))
+    rc, report = trio.doctor("--kubeconfig", str(trio.cluster.kubeconfig))
     alarms = [f for f in report["findings"] if f["severity"] in ("error", "warning")]
     assert alarms == [] and rc == 0
     drivers = {d["driver"]: d for d in report["drivers"]}
@@ -276,7 +266,7 @@ def test_doctor_on_the_live_trio(trio: Trio, tmp_path: Path) -> None:
     theirs[wrong_numa]["attributes"][BRIDGE] = {"int": 1 - numa}
     path = tmp_path / "planted.yaml"
     path.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": slices}))
-    rc, report = doctor(trio, "--slices", str(path))
+    rc, report = trio.doctor("--slices", str(path))
     errors = {(f["device"], f["check"], f.get("attribute")) for f in report["findings"]
               if f["severity"] == "error"}  # fmt: skip
     assert errors == {
@@ -295,7 +285,7 @@ def test_a_nic_published_by_both_is_an_error(trio: Trio) -> None:
             timeout=30,
             what="toposlice's NICs published",
         )
-        rc, report = doctor(trio, "--kubeconfig", str(trio.cluster.kubeconfig))
+        rc, report = trio.doctor("--kubeconfig", str(trio.cluster.kubeconfig))
         doubled = {
             (f["driver"], f["device"]) for f in report["findings"]
             if f["check"] == "double-published"

@@ -61,10 +61,10 @@ class VendorNode(Scenario):
         self.drop_slices("gpu.nvidia.com", "toposlice.dev")
 
     def own(self) -> dict[str, dict[str, Any]]:
-        return devices_of(slices_of(self.cluster, self.node.name, "toposlice.dev"))
+        return self.devices("toposlice.dev")
 
     def vendor(self) -> dict[str, dict[str, Any]]:
-        return devices_of(slices_of(self.cluster, self.node.name, "gpu.nvidia.com"))
+        return self.devices("gpu.nvidia.com")
 
 
 @pytest.fixture(scope="module")
@@ -151,14 +151,8 @@ def test_the_vendor_example_pairs_its_gpu_with_toposlices_nic_and_cpus(
         vendor.delete("vendor-example")
 
 
-def doctor(vendor: VendorNode, *args: str) -> tuple[int, dict[str, Any]]:
-    res = toposlice(
-        "doctor", "--fake", MACHINE, "--node-name", vendor.node.name, "-o", "json",
-        "--plugins-registry", str(vendor.node.dir / "kubelet" / "plugins_registry"),
-        "--kubeconfig", str(vendor.cluster.kubeconfig), *args, check=False,
-    )  # fmt: skip
-    assert res.returncode in (0, 1), res.stderr
-    return res.returncode, json.loads(res.stdout)
+def doctor(vendor: VendorNode) -> tuple[int, dict[str, Any]]:
+    return vendor.doctor("--kubeconfig", str(vendor.cluster.kubeconfig))
 
 
 def test_doctor_beside_the_plugin(vendor: VendorNode) -> None:
