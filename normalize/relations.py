@@ -73,7 +73,8 @@ def canonical_bus_id(bus_id: str | None) -> str | None:
 def natural_key(text: str) -> tuple[tuple[int, int | str], ...]:
     """``mlx5_2`` < ``mlx5_10``."""
     parts = re.split(r"(\d+)", text)
-    return tuple((0, int(p)) if p.isdigit() else (1, p) for p in parts if p)
+    # isdecimal, not isdigit: "²" is a digit that int() refuses (a netdev may be named so).
+    return tuple((0, int(p)) if p.isdecimal() else (1, p) for p in parts if p)
 
 
 def ordered_gpus(inv: Inventory) -> list[Gpu]:
