@@ -252,11 +252,8 @@ class Daemon:
             out["other_drivers"] = list(near.drivers)
             out["bridges"] = list(self._bridges())
             if near.taken:
-                out["yielded" if self.cfg.duplicates == "yield" else "double_published"] = (
-                    near.message()
-                    if self.cfg.duplicates == "yield"
-                    else near.message().replace("not publishing", "publishing")
-                )
+                yielding = self.cfg.duplicates == "yield"
+                out["yielded" if yielding else "double_published"] = near.message(yielding)
         return out
 
     def _bridges(self) -> tuple[str, ...]:
@@ -540,12 +537,7 @@ class Daemon:
                 ", ".join(near.drivers),
                 ", ".join(self._bridges()) or "no other dialect",
             )
-        text = near.message()
-        if text and self.cfg.duplicates != "yield":
-            text = (
-                text.replace("not publishing", "publishing (--duplicates publish)")
-                + "; toposlice doctor reports it"
-            )
+        text = near.message(yielding=self.cfg.duplicates == "yield")
         if text:
             log.warning("%s", text)
             self._post_node_event(text, REASON)

@@ -20,7 +20,6 @@ carry (neither publishes the standard ``numaNode``): with a bridge on (``--bridg
 neighbour seen on the node), on every toposlice device with one NUMA node, so
 ``matchAttribute: dra.net/numaNode`` ties a toposlice GPU to their devices
 (normalize/dialects.py)."""
-LEGACY_NIC_NUMA = BRIDGE_NUMA
 LEGACY_CPU_NUMA = "dra.cpu/numaNodeID"
 """dra-driver-cpu's own name for a CPU group's NUMA node: on toposlice's CPU devices with
 the ``dra.cpu`` bridge."""

@@ -13,8 +13,8 @@ from typing import Any
 from discovery.model import Gpu, Inventory, NumaNode, PciDevice
 
 from .attribute_names import (
+    BRIDGE_NUMA,
     LEGACY_CPU_NUMA,
-    LEGACY_NIC_NUMA,
     NUMA_NODE,
     PCI_BUS_ID,
     PCIE_ROOT,
@@ -24,8 +24,8 @@ from .limits import INT64_MAX, INT64_MIN, MAX_STRING
 from .options import NormalizeOptions
 
 __all__ = [
+    "BRIDGE_NUMA",
     "LEGACY_CPU_NUMA",
-    "LEGACY_NIC_NUMA",
     "NUMA_NODE",
     "PCIE_ROOT",
     "PCI_BUS_ID",

@@ -190,11 +190,7 @@ class NormalizationReport:
 
     def double_published(self) -> dict[str, list[DraIdentity]]:
         """Vertex id -> the devices of two or more drivers published for that hardware."""
-        out: dict[str, list[DraIdentity]] = {}
-        for vertex, ids in self.identities().items():
-            if len({i.driver for i in ids}) > 1:
-                out[vertex] = ids
-        return out
+        return _shared_hardware(self.matches)
 
     def identities(self) -> dict[str, list[DraIdentity]]:
         """Vertex id -> the foreign DRA identities matched to it."""
@@ -444,14 +440,9 @@ def _match(dev: _Device, hw: _Hardware) -> tuple[str | None, str | None, str | N
         named = _named_numa(dev)
         if named is not None and named in hw.cpu_group_of_numa:
             return hw.cpu_group_of_numa[named], "name", None
-        for name, (kind, value) in dev.attrs.items():
-            if (name == NUMA_NODE or LOOK_ALIKES.get(_ident(name)) == NUMA_NODE) and kind in (
-                "int",
-                "ints",
-            ):
-                node = value if kind == "int" else (value[0] if value else None)
-                if node in hw.cpu_group_of_numa:
-                    return hw.cpu_group_of_numa[node], "numaNode", None
+        for node in _numa_attrs(dev).values():
+            if node in hw.cpu_group_of_numa:
+                return hw.cpu_group_of_numa[node], "numaNode", None
     return None, None, None
 
 
@@ -785,7 +776,7 @@ def normalization_report(
             )
     _scalar_vs_list(devices, checker, server_version)
     _dialects(devices, checker)
-    _double_published(devices, matches, checker)
+    _double_published(matches, checker)
     on_node = set(drivers_on_node) if drivers_on_node is not None else None
     summaries: dict[str, DriverSummary] = {}
     for s in live:
@@ -847,18 +838,19 @@ def _dialects(devices: list[_Device], checker: _Checker) -> None:
         )
 
 
-def _double_published(
-    devices: list[_Device], matches: list[DeviceMatch], checker: _Checker
-) -> None:
-    """The same hardware published by two drivers: a pod can be given it twice."""
+def _shared_hardware(matches: Iterable[DeviceMatch]) -> dict[str, list[DraIdentity]]:
+    """Vertex id -> the devices matched to it, where two or more drivers publish it."""
     by_vertex: dict[str, list[DraIdentity]] = {}
     for m in matches:
         if m.vertex is not None:
             by_vertex.setdefault(m.vertex, []).append(m.identity)
-    for vertex, ids in sorted(by_vertex.items()):
+    return {v: ids for v, ids in by_vertex.items() if len({i.driver for i in ids}) > 1}
+
+
+def _double_published(matches: list[DeviceMatch], checker: _Checker) -> None:
+    """The same hardware published by two drivers: a pod can be given it twice."""
+    for vertex, ids in sorted(_shared_hardware(matches).items()):
         drivers = sorted({i.driver for i in ids})
-        if len(drivers) < 2:
-            continue
         names = ", ".join(f"{i.device} ({i.driver})" for i in ids)
         for drv in drivers:
             mine = [i for i in ids if i.driver == drv]
@@ -971,8 +963,9 @@ class Neighbourhood:
     taken: Mapping[str, tuple[DraIdentity, ...]] = field(default_factory=dict)
     """toposlice device name -> the other drivers' devices for the same hardware."""
 
-    def message(self) -> str:
-        """One line on the devices left to others ('' when none)."""
+    def message(self, yielding: bool = True) -> str:
+        """One line on the devices others publish too ('' when none): left to them
+        (``yielding``) or kept (``--duplicates publish``)."""
         if not self.taken:
             return ""
         by_driver: dict[str, list[str]] = {}
@@ -985,7 +978,10 @@ class Neighbourhood:
             + ")"
             for drv, names in sorted(by_driver.items())
         ]
-        return "not publishing " + "; ".join(parts) + ": a pod could be given them twice"
+        said = "; ".join(parts) + ": a pod could be given them twice"
+        if yielding:
+            return f"not publishing {said}"
+        return f"publishing (--duplicates publish) {said}; toposlice doctor reports it"
 
 
 def neighbourhood(
