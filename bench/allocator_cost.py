@@ -112,7 +112,12 @@ def search_cost(
     taken (upstream's ``startLocation``); every new request starts at the first device.
     ``max_tries``: give up past this many allocateOne calls or constraint tries."""
     devs = [d for s in slices for d in s["spec"]["devices"]]
-    envs = [device_env(d, DRIVER) for d in devs]
+    # Each device under its own slice's driver: a vendor's GPUs beside toposlice's NICs.
+    envs = [
+        device_env(d, s["spec"].get("driver") or DRIVER)
+        for s in slices
+        for d in s["spec"]["devices"]
+    ]
     attrs = [e.attributes for e in envs]
     reqs = []  # per request: list of (result name, class selectors, selectors, mode, count)
     for r in spec["devices"]["requests"]:

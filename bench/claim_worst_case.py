@@ -10,11 +10,14 @@ Averages hide that; this bench looks for the cliff.
 
 Shapes: ``toposlice claim`` over its flag space as users call it (--gpus 1/2/4/8 x
 --nics-per-gpu 0/1/2, with and without --pattern tensor-parallel, --cpu-groups 0/1/2),
-``toposlice score --emit-claim`` over examples/requests on every machine, and every claim
-in examples/ that names only toposlice's DeviceClasses. Machines: every built-in fake
-machine. Occupancies, devices taken by other claims: empty, half of the GPUs and NICs, 90 %
-of them (random draws), and the adversarial ones: exactly one GPU short of the claim, and
-exactly one NIC short.
+``toposlice score --emit-claim`` over examples/requests on every machine, every claim
+in examples/ that names only toposlice's DeviceClasses, and (``vendor``) ``toposlice claim
+--gpus-from gpu.nvidia.com`` (1/2/4 GPUs x 0/1/2 NICs each within its limit, --cpu-groups
+0/1) plus the examples naming ``gpu.nvidia.com``, on dgx-h100 and the GB200 tray as they look
+beside NVIDIA's plugin (its slices recorded from the real plugin, toposlice's NICs and CPUs).
+Machines: every built-in fake machine. Occupancies, devices taken by other claims: empty,
+half of the GPUs and NICs, 90 % of them (random draws), and the adversarial ones: exactly
+one GPU short of the claim, and exactly one NIC short.
 
 Each case runs through the allocator model (bench/allocator_cost.search_cost: the
 upstream v1.36 search move for move, combinations within a request) and prints, per shape,
@@ -30,7 +33,7 @@ duration (``scheduler_scheduling_attempt_duration_seconds``, exact sum over the 
 attempt), which for a pod pinned to one node is that node's Filter plus a fixed overhead
 (the plain 2-GPU count's, printed beside it).
 
-Usage: python3 bench/claim_worst_case.py [--shapes claim,emit,examples] [--machines a,b]
+Usage: python3 bench/claim_worst_case.py [--shapes claim,emit,examples,vendor] [--machines a,b]
   [--draws 3] [--cap N] [--json FILE] [--real [--real-top K]] [--before]
 """
 
@@ -187,6 +190,39 @@ def example_shapes() -> dict[str, dict[str, Any]]:
     return out
 
 
+VENDOR = "gpu.nvidia.com"
+#: Machines with a slice recorded from NVIDIA's plugin (tests/data/foreign-slices/recorded).
+VENDOR_RECORDED = {"dgx-h100": "nvidia-gpu.yaml", "gb200-nvl72-tray": "nvidia-gpu-gb200.yaml"}
+
+
+def vendor_shapes() -> dict[str, dict[str, Any]]:
+    """``toposlice claim --gpus-from gpu.nvidia.com`` within its limit, and the examples
+    that name the vendor's class."""
+    from scorer.vendor_ladder import MAX_PAIRED, VendorGpus, vendor_gpu_spec
+
+    out: dict[str, dict[str, Any]] = {}
+    for gpus, nics, cpus in itertools.product((1, 2, 4), NIC_COUNTS, (0, 1)):
+        if nics and gpus * nics > MAX_PAIRED:
+            continue
+        spec = vendor_gpu_spec(VendorGpus(VENDOR, gpus, nics, cpus, DRIVER))
+        flags = f"--gpus {gpus} --nics-per-gpu {nics}" + (f" --cpu-groups {cpus}" if cpus else "")
+        out[f"vendor claim --gpus-from {VENDOR} {flags}"] = spec
+    for path in sorted((REPO / "examples").glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc and doc.get("kind") == "ResourceClaimTemplate" and VENDOR in json.dumps(doc):
+                out[f"vendor example {path.stem}"] = doc["spec"]["spec"]
+    return out
+
+
+def vendor_slices(machine: str) -> list[dict[str, Any]]:
+    """The node beside the plugin: toposlice's NICs and CPUs, the plugin's recorded GPUs."""
+    from normalize.vendor_view import beside_vendor
+
+    recorded = REPO / "tests" / "data" / "foreign-slices" / "recorded" / VENDOR_RECORDED[machine]
+    theirs = [d for d in yaml.safe_load_all(recorded.read_text()) if d]
+    return beside_vendor(machine_slices(machine), VENDOR, machine, theirs)
+
+
 def demand(spec: Mapping[str, Any]) -> tuple[int, int]:
     """(GPUs, NICs) the claim takes at its first choice."""
     gpus = nics = 0
@@ -194,7 +230,7 @@ def demand(spec: Mapping[str, Any]) -> tuple[int, int]:
         alt = (r.get("firstAvailable") or [r.get("exactly") or {}])[0]
         cls = alt.get("deviceClassName", "")
         n = int(alt.get("count", 1)) if alt.get("allocationMode", "ExactCount") != "All" else 0
-        if cls.startswith("gpu."):
+        if cls.startswith("gpu.") or cls == VENDOR:
             gpus += n
         elif cls.startswith("nic."):
             nics += n
@@ -238,7 +274,10 @@ def run_model(
     draws: int,
     cap: int,
 ) -> list[Case]:
+    from normalize.vendor_view import vendor_device_class
+
     classes = {c["metadata"]["name"]: c for c in device_classes(DRIVER)}
+    classes[VENDOR] = vendor_device_class(VENDOR)
     cases: list[Case] = []
     for si, (shape, spec) in enumerate(shapes.items()):
         for m, sl in slices.items():
@@ -300,6 +339,14 @@ def gather_shapes(kinds: Sequence[str], names: Sequence[str]) -> dict[str, dict[
     return shapes
 
 
+def run_vendor(draws: int, cap: int, match: str) -> list[Case]:
+    shapes = {k: v for k, v in vendor_shapes().items() if match in k}
+    cases: list[Case] = []
+    for m in VENDOR_RECORDED:
+        cases += run_model(shapes, {f"{m} beside {VENDOR}": vendor_slices(m)}, draws, cap)
+    return cases
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--shapes", default="claim,emit,examples")
@@ -313,11 +360,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--real-top", type=int, default=2, help="worst nodes per shape (--real)")
     args = p.parse_args(argv)
     names = [m for m in args.machines.split(",") if m] or machines()
-    shapes = gather_shapes(args.shapes.split(","), names)
+    kinds = args.shapes.split(",")
+    shapes = gather_shapes(kinds, names)
     if args.match:
         shapes = {k: v for k, v in shapes.items() if args.match in k}
-    slices = {m: machine_slices(m) for m in names}
+    slices = {m: machine_slices(m) for m in names} if shapes else {}
     cases = run_model(shapes, slices, args.draws, args.cap)
+    if "vendor" in kinds:
+        cases += run_vendor(args.draws, args.cap, args.match)
     before = None
     if args.before:
         data = json.loads(Path(args.before).read_text())

@@ -57,7 +57,7 @@ from .logs import log_dropped
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
 
-    from normalize.crossdriver import Neighbourhood
+    from normalize.crossdriver import Neighbourhood, NormalizationReport
 
     from .dra_server import DraServer
     from .hotplug import Debouncer, UdevWatcher
@@ -208,6 +208,8 @@ class Daemon:
         """Why NVIDIA GPUs are published without NVML (driver/nvml_gap.py); empty if not."""
         self.vendor_cdi_gap = ""
         """Why GPUs get no vendor CDI device (driver/vendor_cdi.py); empty if not."""
+        self.neighbour_report: NormalizationReport | None = None
+        """The other drivers' devices matched to the hardware, as last read."""
         self.neighbours: NeighbourWatch | None = None
         """The other drivers on the node (driver/neighbours.py), once connected."""
 
@@ -394,6 +396,8 @@ class Daemon:
         if self.metrics is not None:
             metrics = self.metrics
             self.publisher.on_write = lambda op, err, ok: metrics.slice_write(op, err, ok=ok)
+        if self.state is not None:  # claims holding another driver's GPUs: the NCCL file
+            self.state.other_slices = self.publisher.other_slices
         self._start_neighbours()  # before the first write: never publish what others do
         self._publish_desired()
         self._check_nvml(self._snap.inventory)
@@ -433,6 +437,8 @@ class Daemon:
             self._fail_start()
             raise StartupError(f"--http-addr {addr}: {exc.strerror or exc}") from exc
         log.info("HTTP on %s", self.http.url)
+        if self.neighbour_report is not None:  # read before the server was up
+            self.http.publish(normalization=self.neighbour_report)
 
     def _start_hotplug(self) -> None:
         from .hotplug import Debouncer, start_udev
@@ -520,10 +526,18 @@ class Daemon:
             self._neighbours_changed,
             registry_dir=cfg.registrar_dir,
             interval=cfg.resync_interval,
+            on_report=self._neighbour_report,
         )
         pub.view.start().wait_synced(cfg.startup_timeout)
         self.neighbours.read_once()
         self.neighbours.start()
+
+    def _neighbour_report(self, report: NormalizationReport) -> None:
+        """The other drivers' devices joined to the graph on /v1/topology (attrs.dra): a
+        vendor's GPU maps to its vertex as toposlice's own devices do."""
+        self.neighbour_report = report
+        if self.http is not None:
+            self.http.publish(normalization=report)
 
     def _neighbours_changed(self, near: Neighbourhood) -> None:
         """Say once what changed (log, Node Event, metric), then publish accordingly."""

@@ -19,7 +19,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from normalize.crossdriver import Neighbourhood, neighbourhood
+from normalize.crossdriver import (
+    Neighbourhood,
+    NormalizationReport,
+    neighbourhood,
+    normalization_report,
+)
 from normalize.snapshot import Snapshot
 
 from .observe import registered_drivers
@@ -42,10 +47,16 @@ class NeighbourWatch:
         *,
         registry_dir: str | Path | None,
         interval: float = 10.0,
+        on_report: Callable[[NormalizationReport], None] | None = None,
     ) -> None:
         self.source = source
         self.snapshot = snapshot
         self.on_change = on_change
+        self.on_report = on_report
+        """Given the cross-driver report whenever the slices or the snapshot changed, so
+        ``run`` joins the other drivers' devices to its graph (``/v1/topology`` attrs.dra,
+        ``/v1/normalization``) as ``serve --observe`` does."""
+        self._reported: tuple[object, frozenset[tuple[str, str]]] | None = None
         self.registry_dir = registry_dir
         self.interval = interval
         self.current = Neighbourhood()
@@ -67,6 +78,14 @@ class NeighbourWatch:
             return self.current
         self.last_error = ""
         drivers = registered_drivers(self.registry_dir) if self.registry_dir else None
+        if self.on_report is not None:
+            seen = frozenset(
+                (str(m.get("name", "")), str(m.get("resourceVersion", "")))
+                for m in (s.get("metadata") or {} for s in slices)
+            )
+            if self._reported != (snap, seen):
+                self._reported = (snap, seen)
+                self.on_report(normalization_report(snap, slices, None, drivers))
         found = neighbourhood(snap, slices, drivers)
         if found != self.current:
             self.current = found

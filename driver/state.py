@@ -27,13 +27,15 @@ import logging
 import os
 import re
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 from xml.sax.saxutils import quoteattr
 
 from discovery.model import Gpu, Inventory, Nic
+from discovery.readers import normalize_bdf
+from normalize.attribute_names import PCI_BUS_ID
 from normalize.snapshot import Snapshot
 
 from . import cdi
@@ -151,6 +153,10 @@ class DriverState:
         self.sync_checkpoint = sync_checkpoint
         self.vendor_cdi = vendor_cdi
         """The GPU vendor's CDI devices put first in each GPU's ids (driver/vendor_cdi.py)."""
+        self.other_slices: Callable[[], Sequence[Mapping[str, Any]]] | None = None
+        """The other drivers' slices of this node (the publisher's watch), to find the GPUs
+        of another driver (NVIDIA's) in a claim toposlice prepares NICs of: the NCCL file
+        names them too. None, or raising: the file holds toposlice's devices only."""
         self.metadata = metadata
         """KEP-5304 device metadata files (driver/device_metadata.py); None: none."""
         if metadata is not None:
@@ -343,9 +349,9 @@ class DriverState:
             )
         topo_xml = None
         if claim_devices.gpus or claim_devices.nics:
-            topo_xml = self._topology(
-                snap, [g for _, g in claim_devices.gpus], [n for _, n in claim_devices.nics], ref
-            )
+            gpus = [g for _, g in claim_devices.gpus]
+            gpus += self._foreign_gpus(snap, allocation, {g.bus_id for g in gpus})
+            topo_xml = self._topology(snap, gpus, [n for _, n in claim_devices.nics], ref)
         topo_host = str(self.topo_path(ref.uid)) if topo_xml is not None else None
         common = claim_edits(ref.uid, claim_devices, topo_host)
         if self.vendor_cdi is not None and claim_devices.gpus:
@@ -375,6 +381,51 @@ class DriverState:
             metadata=tuple(r.to_dict() for r in reqs),
             metadata_files=tuple(meta.writes(ref.uid, files)),
         )
+
+    def _foreign_gpus(
+        self, snap: Snapshot, allocation: Mapping[str, Any], have: set[str]
+    ) -> list[Gpu]:
+        """The claim's GPUs another driver on this node allocated (NVIDIA's ``gpu-3``), as
+        this host's GPUs: matched by the standard ``pciBusID`` that driver publishes. A
+        device not found in its slices, or a bus id this host has no GPU at, is left out
+        (logged): the file then describes what toposlice can vouch for."""
+        if self.other_slices is None:
+            return []
+        wanted = {
+            (str(r.get("driver", "")), str(r.get("pool", "")), str(r.get("device", "")))
+            for r in ((allocation.get("devices") or {}).get("results") or [])
+            if r.get("driver") != self.driver
+        }
+        if not wanted:
+            return []
+        try:
+            slices = list(self.other_slices())
+        except Exception as exc:  # the watch not synced yet: no foreign GPUs in the file
+            log.warning("NCCL topology without other drivers' GPUs: %s", exc)
+            return []
+        by_bus = {normalize_bdf(g.bus_id) or g.bus_id: g for g in snap.inventory.gpus}
+        out: list[Gpu] = []
+        found: set[tuple[str, str, str]] = set()
+        for sl in slices:
+            spec = sl.get("spec") or {}
+            driver, pool = (
+                str(spec.get("driver", "")),
+                str((spec.get("pool") or {}).get("name", "")),
+            )
+            for d in spec.get("devices") or []:
+                key = (driver, pool, str(d.get("name", "")))
+                if key not in wanted or key in found:
+                    continue
+                found.add(key)
+                bus = ((d.get("attributes") or {}).get(PCI_BUS_ID) or {}).get("string")
+                gpu = by_bus.get(normalize_bdf(bus) or bus) if isinstance(bus, str) else None
+                if gpu is not None and gpu.bus_id not in have:
+                    have.add(gpu.bus_id)
+                    out.append(gpu)
+        missing = sorted(f"{d}/{n}" for d, _, n in wanted - found)
+        if missing:
+            log.info("NCCL topology: not in any slice of this node: %s", ", ".join(missing))
+        return out
 
     def _topology(self, snap: Snapshot, gpus: list[Gpu], nics: list[Nic], ref: ClaimRef) -> str:
         """The claim's NCCL topology file: built once per snapshot and set of devices with a

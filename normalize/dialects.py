@@ -77,6 +77,7 @@ BRIDGEABLE = tuple(d for d, dia in DIALECTS.items() if an.BRIDGE_NUMA in dia.num
 CPU_DRIVERS = tuple(d for d, dia in DIALECTS.items() if dia.cpu_capacity)
 """Drivers ``toposlice claim --cpus-from`` can take CPUs from."""
 NIC_DRIVERS = tuple(d for d, dia in DIALECTS.items() if "nic" in dia.kinds)
+GPU_DRIVERS = tuple(d for d, dia in DIALECTS.items() if "gpu" in dia.kinds)
 """Drivers ``toposlice claim --nics-from`` can take NICs from."""
 
 

@@ -8,7 +8,6 @@ evaluated by a CEL library through scorer/cel.py, not by Python code of ours).
 
 from __future__ import annotations
 
-import copy
 import re
 import subprocess
 import sys
@@ -24,6 +23,7 @@ from kubernetes_validate.utils import latest_version
 
 from normalize.deviceclasses import device_classes
 from normalize.node_feature import PREFIX, admits, topology_labels
+from normalize.vendor_view import beside_vendor, vendor_device_class
 from scorer.allocator import AllocationError, Allocator, Result
 
 REPO = Path(__file__).resolve().parent.parent
@@ -33,23 +33,14 @@ NODE = "n1"
 _EXPECT = re.compile(r"^#\s{2,}([a-z0-9][-a-z0-9]*(?: beside [a-z0-9.-]+)?):\s+(.+?)\s*$")
 
 #: The DeviceClass the NVIDIA GPU DRA driver installs for its full GPUs.
-VENDOR_CLASSES = {
-    "gpu.nvidia.com": {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "DeviceClass",
-        "metadata": {"name": "gpu.nvidia.com"},
-        "spec": {
-            "selectors": [
-                {
-                    "cel": {
-                        "expression": "device.driver == 'gpu.nvidia.com' && "
-                        "device.attributes['gpu.nvidia.com'].type == 'gpu'"
-                    }
-                }
-            ]
-        },
-    }
+VENDOR_CLASSES = {"gpu.nvidia.com": vendor_device_class("gpu.nvidia.com")}
+#: Slices NVIDIA's plugin published on the fake machines (tests/interop/test_nvidia_gpu.py).
+RECORDED = REPO / "tests" / "data" / "foreign-slices" / "recorded"
+VENDOR_RECORDED = {
+    ("dgx-h100", "gpu.nvidia.com"): "nvidia-gpu.yaml",
+    ("gb200-nvl72-tray", "gpu.nvidia.com"): "nvidia-gpu-gb200.yaml",
 }
+STD = "resource.kubernetes.io"
 
 
 @cache
@@ -96,46 +87,13 @@ def expectations(path: Path) -> dict[str, dict[str, list[str]] | None]:
     return out
 
 
-def vendor_slice(slices: Sequence[dict[str, Any]], node: str, vendor: str) -> dict[str, Any]:
-    """The slice a vendor GPU driver publishes on ``node`` for the GPUs of toposlice's
-    ``slices``: full GPUs named ``gpu-<index>`` carrying uuid, index and the standard
-    ``pciBusID`` / ``pcieRoot`` (as the NVIDIA driver publishes them)."""
-    theirs: list[dict[str, Any]] = []
-    for sl in slices:
-        for d in sl["spec"]["devices"]:
-            a = d["attributes"]
-            if a["type"] != {"string": "gpu"}:
-                continue
-            keep = {k: a[k] for k in ("uuid", "index") if k in a}
-            keep |= {k: v for k, v in a.items() if k.startswith("resource.kubernetes.io/pci")}
-            theirs.append(
-                {
-                    "name": f"gpu-{a['index']['int']}",
-                    "attributes": keep | {"type": {"string": "gpu"}},
-                }
-            )
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceSlice",
-        "metadata": {"name": f"{node}-{vendor}"},
-        "spec": {
-            "driver": vendor,
-            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
-            "nodeName": node,
-            "devices": theirs,
-        },
-    }
-
-
-def beside_vendor(slices: tuple[dict[str, Any], ...], vendor: str) -> list[dict[str, Any]]:
-    """The node as it looks with a vendor GPU driver publishing the GPUs
-    (:func:`vendor_slice`) and toposlice publishing NICs and CPUs."""
-    ours = copy.deepcopy(list(slices))
-    theirs = vendor_slice(ours, NODE, vendor)
-    for sl in ours:
-        devices = sl["spec"]["devices"]
-        sl["spec"]["devices"] = [d for d in devices if d["attributes"]["type"] != {"string": "gpu"}]
-    return [*ours, theirs]
+def recorded_vendor(machine: str, vendor: str) -> list[dict[str, Any]] | None:
+    """The vendor's slices as the real plugin published them on ``machine`` (None: none
+    recorded there; then the vendor's shape is derived from toposlice's GPUs)."""
+    name = VENDOR_RECORDED.get((machine, vendor))
+    if name is None:
+        return None
+    return [d for d in yaml.safe_load_all((RECORDED / name).read_text()) if d]
 
 
 def node_view(machine: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -143,7 +101,8 @@ def node_view(machine: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]
     name, _, vendor = machine.partition(" beside ")
     if not vendor:
         return list(machine_slices(name)), device_classes()
-    return beside_vendor(machine_slices(name), vendor), [*device_classes(), VENDOR_CLASSES[vendor]]
+    view = beside_vendor(machine_slices(name), vendor, NODE, recorded_vendor(name, vendor))
+    return view, [*device_classes(), VENDOR_CLASSES[vendor]]
 
 
 def docs(path: Path) -> list[dict[str, Any]]:
@@ -212,6 +171,55 @@ def test_example_allocates_as_its_comment_says(path: Path, machine: str) -> None
     vendor = machine.partition(" beside ")[2]
     if vendor:  # one claim, devices of two drivers
         assert {r.driver for r in got} == {vendor, "toposlice.dev"}
+
+
+def relations(slices: Sequence[dict[str, Any]], results: dict[str, list[str]]) -> set[Any]:
+    """What makes two answers the same to a workload: per pair of requests, whether their
+    devices share a PCIe root and a NUMA node (names aside)."""
+    attrs = {d["name"]: d.get("attributes") or {} for s in slices for d in s["spec"]["devices"]}
+
+    def facts(name: str) -> tuple[Any, Any]:
+        a = attrs[name]
+        return a.get(f"{STD}/pcieRoot"), a.get(f"{STD}/numaNode")
+
+    out = set()
+    for r1, d1 in results.items():
+        for r2, d2 in results.items():
+            if r1 < r2:
+                f1, f2 = [facts(d) for d in d1], [facts(d) for d in d2]
+                out.add((r1, r2, "root", any(a[0] == b[0] for a in f1 for b in f2)))
+                out.add((r1, r2, "numa", any(a[1] == b[1] for a in f1 for b in f2)))
+    return out
+
+
+VENDOR_CASES = [(p, m) for p, m in CASES if " beside " in m and expectations(p)[m] is not None]
+
+
+@pytest.mark.parametrize(("path", "machine"), VENDOR_CASES, ids=lambda x: getattr(x, "name", x))
+def test_vendor_examples_get_an_equivalent_answer_in_every_device_order(
+    path: Path, machine: str
+) -> None:
+    """The vendor's plugin orders its devices differently at each start (measured), so the
+    scheduler's first fit changes: the comment's answer is one of several, and every order
+    must give one equivalent to it (same counts, same roots and NUMA nodes shared)."""
+    want = expectations(path)[machine]
+    assert want is not None
+    slices, classes = node_view(machine)
+    vendor = machine.partition(" beside ")[2]
+    base = relations(slices, want)
+    theirs = next(s for s in slices if s["spec"]["driver"] == vendor)
+    devices = list(theirs["spec"]["devices"])
+    orders = [devices[k:] + devices[:k] for k in range(len(devices))] + [devices[::-1]]
+    answers = set()
+    for order in orders:
+        theirs["spec"]["devices"] = order
+        got = Allocator(slices, classes, node=NODE).allocate(template(path)["spec"]["spec"])
+        assert got is not None, f"{path.name} on {machine}: not satisfiable in some order"
+        g = grouped(got)
+        assert {k: len(v) for k, v in g.items()} == {k: len(v) for k, v in want.items()}
+        assert relations(slices, g) == base, (g, want)
+        answers.add(tuple(sorted((k, tuple(v)) for k, v in g.items())))
+    assert len(answers) > 1  # the order does change the answer: the comment says so
 
 
 def pod_affinity(path: Path) -> dict[str, Any] | None:

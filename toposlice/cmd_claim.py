@@ -22,7 +22,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--cpu-groups", type=count(0, 8), default=0, help="CPU-group devices, 0..8 (default 0)"
     )
-    from normalize.dialects import CPU_DRIVERS, NIC_DRIVERS
+    from normalize.dialects import CPU_DRIVERS, GPU_DRIVERS, NIC_DRIVERS
+
+    p.add_argument(
+        "--gpus-from",
+        choices=GPU_DRIVERS,
+        default=None,
+        metavar="DRIVER",
+        help=f"take the GPUs from this DRA driver ({', '.join(GPU_DRIVERS)}), each with "
+        "toposlice's RDMA NIC on its PCIe root, else on its NUMA node (--nics-per-gpu, default "
+        "1; GPUs x NICs per GPU at most 4), --cpu-groups on the first GPU's NUMA node",
+    )
 
     p.add_argument(
         "--nics-from",
@@ -120,7 +130,9 @@ def build(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     # or xGMI, so it is spent only where the workload is stated and gains from it.
     pattern = args.pattern or (req.pattern if req else None)
     scaleup = pattern is not None and wants_scaleup(pattern, gpus)
-    if getattr(args, "nics_from", None):
+    if getattr(args, "gpus_from", None):
+        spec, nics = _vendor_spec(args, gpus, nics, selectors)
+    elif getattr(args, "nics_from", None):
         from scorer.ladder import NeighbourNics, neighbour_nic_spec
 
         if args.cpu_groups:
@@ -152,6 +164,33 @@ def build(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
         if not is_dns_label(args.namespace):
             raise ValueError(f"--namespace {args.namespace!r} is not a DNS-1123 label")
     return name, spec
+
+
+def _vendor_spec(
+    args: argparse.Namespace, gpus: int, nics: int, selectors: list[str]
+) -> tuple[dict[str, Any], int]:
+    """``--gpus-from``: the vendor's GPUs with toposlice's NICs and CPU groups."""
+    from scorer.vendor_ladder import MAX_PAIRED, VendorGpus, vendor_gpu_spec
+
+    if getattr(args, "nics_from", None) or getattr(args, "cpus_from", None):
+        raise ValueError(
+            "--gpus-from takes toposlice's NICs and CPUs (--nics-per-gpu, --cpu-groups)"
+        )
+    if getattr(args, "pattern", None) or selectors:
+        raise ValueError(
+            "--gpus-from: the vendor's GPUs carry none of toposlice's attributes "
+            "(--pattern, --min-gpu-memory, request GPU attributes)"
+        )
+    per = args.nics_per_gpu if args.nics_per_gpu is not None else max(nics, 1)
+    if per and gpus * per > MAX_PAIRED:
+        raise ValueError(
+            f"--gpus-from with --gpus {gpus} x --nics-per-gpu {per}: at most {MAX_PAIRED} "
+            "GPU-NIC pairs (the vendor's GPUs have no ordinal to keep the scheduler's search "
+            "short on a node one NIC short; docs/integrations.md); toposlice's own GPUs "
+            "(publish: [gpu, ...]) take any count"
+        )
+    want = VendorGpus(args.gpus_from, gpus, per, args.cpu_groups, args.driver)
+    return vendor_gpu_spec(want), per
 
 
 def neighbour_cpus(args: argparse.Namespace) -> Any:
@@ -223,7 +262,14 @@ def _on_machine(machine: str, spec: dict[str, Any], args: argparse.Namespace) ->
     inv = discover("/", fake=machine)
     slices = build_slices(inv, "node", opts)
     note = ""
-    foreign = [f for f in (getattr(args, "cpus_from", None), getattr(args, "nics_from", None)) if f]
+    foreign = [
+        f
+        for f in (
+            getattr(args, "cpus_from", None),
+            getattr(args, "nics_from", None),
+        )
+        if f
+    ]
     if foreign:
         # The model holds toposlice's devices only: it places the GPUs alone.
         note = f" ({' and '.join(foreign)} devices not modelled)"
@@ -239,7 +285,19 @@ def _on_machine(machine: str, spec: dict[str, Any], args: argparse.Namespace) ->
                 ],
             }
         }
-    got = Allocator(slices, device_classes(driver), "node").allocate(spec)
+    classes = device_classes(driver)
+    vendor = getattr(args, "gpus_from", None)
+    if vendor:
+        from normalize.vendor_view import beside_vendor, vendor_device_class
+
+        got = Allocator(
+            beside_vendor(slices, vendor, "node"), [*classes, vendor_device_class(vendor)], "node"
+        ).allocate(spec)
+        if got is None:
+            return "unsatisfiable beside " + vendor
+        picked = "; ".join(f"{r.request} = {r.device}" for r in got)
+        return f"beside {vendor} (its GPUs named by NVML index): {picked}"
+    got = Allocator(slices, classes, "node").allocate(spec)
     if got is None:
         return "unsatisfiable" + note
     topo = from_graph(build_graph(inv, opts, node_name="node"))

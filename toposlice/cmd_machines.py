@@ -1,4 +1,4 @@
-"""``toposlice machines [list]``, ``toposlice machines capture`` and ``toposlice machines tree``.
+"""``toposlice machines [list]``, ``capture``, ``tree`` and ``mock-nvml``.
 
 ``list`` (the default) prints the built-in fake machines. ``tree`` writes a machine's
 generated tree (``sys/``, ``proc/cpuinfo``, ...) to a directory, for another driver to
@@ -8,7 +8,8 @@ file in the fake format from a live host, a dump, a gathered archive or a saved
 inventory: ``--fake node.yaml`` then generates a machine that discovery reads back as
 the same inventory (docs/fake-hardware.md, "Captured machines"). After writing, the
 file is loaded, generated and discovered once more; differences go to stderr and make
-the exit status 1.
+the exit status 1. ``mock-nvml`` writes the profile NVIDIA's mock NVML library reads, so a
+vendor GPU driver run on the machine's tree describes the same GPUs as toposlice.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     from toposlice.cli import examples
 
-    sub = p.add_subparsers(dest="machines_command", metavar="{list,capture,tree}")
+    sub = p.add_subparsers(dest="machines_command", metavar="{list,capture,tree,mock-nvml}")
     sub.add_parser(
         "list",
         help="list the built-in fake machines (the default)",
@@ -80,12 +81,31 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="write into a non-empty DIR, replacing the top-level paths the tree has there",
     )
+    mock = sub.add_parser(
+        "mock-nvml",
+        help="write a mock-NVML profile of a machine's GPUs (for NVIDIA's DRA driver)",
+        description="Write the YAML profile NVIDIA's mock NVML library reads "
+        "(MOCK_NVML_CONFIG; NVIDIA/k8s-test-infra pkg/gpu/mocknvml) for a fake machine: its "
+        "GPUs' bus ids, UUIDs, model, memory and driver version, so NVIDIA's DRA GPU driver "
+        "run on the machine's tree (machines tree) publishes the GPUs toposlice describes.",
+        epilog=examples(
+            "toposlice machines mock-nvml gb200-nvl72-tray --output-file gb200.yaml",
+            "MOCK_NVML_CONFIG=gb200.yaml gpu-kubelet-plugin ...",
+        ),
+        formatter_class=ap.RawDescriptionHelpFormatter,
+    )
+    mock.add_argument(
+        "machine", metavar="NAME|FILE.yaml", help="a shipped machine (machines list) or a file"
+    )
+    add_output_file_arg(mock, "the profile")
 
 
 def run(args: argparse.Namespace) -> int:
     command = getattr(args, "machines_command", None)
     if command == "tree":
         return _tree(args)
+    if command == "mock-nvml":
+        return _mock_nvml(args)
     if command != "capture":
         from discovery.fake import list_machines
 
@@ -191,4 +211,19 @@ def _tree(args: argparse.Namespace) -> int:
         f"  unshare -m --propagation private sh -c 'mount --bind {sysdir} /sys && exec DRIVER ...'",
         file=sys.stderr,
     )
+    return 0
+
+
+def _mock_nvml(args: argparse.Namespace) -> int:
+    from discovery.fake import load_machine
+    from discovery.fake.mock_nvml_profile import mock_nvml_yaml
+    from toposlice.output import OUTPUT_FILE, check_output_file, write_output_file
+
+    if args.output_file:
+        check_output_file(OUTPUT_FILE, args.output_file)
+    text = mock_nvml_yaml(load_machine(args.machine))  # ValueError: unknown, or no GPUs
+    if args.output_file:
+        write_output_file(OUTPUT_FILE, args.output_file, text.encode())
+    else:
+        sys.stdout.write(text)
     return 0

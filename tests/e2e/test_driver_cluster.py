@@ -24,6 +24,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from driver.nccl_topo import nic_bus_id
+from normalize.vendor_view import vendor_slice
 from tests.e2e.cluster import Cluster, poll
 from tests.e2e.toposlice_setup import (
     DRIVER,
@@ -40,7 +41,7 @@ from tests.e2e.toposlice_setup import (
     uninstall,
 )
 from tests.kubelet import NodeClient
-from tests.test_examples import EXAMPLES, VENDOR_CLASSES, expectations, vendor_slice
+from tests.test_examples import EXAMPLES, VENDOR_CLASSES, expectations, recorded_vendor
 
 pytestmark = pytest.mark.e2e
 
@@ -62,6 +63,15 @@ EXAMPLE_NODES = {machine: node for node, machine in MACHINES.items()}
 EXAMPLE_NODES |= {f"{m} beside {VENDOR_DRIVER}": node for node, m in VENDOR_NODES.items()}
 
 
+def plugin_slice(node: str, machine: str) -> dict[str, Any]:
+    """What NVIDIA's plugin published on ``machine`` (recorded), as node ``node``'s."""
+    (theirs,) = recorded_vendor(machine, VENDOR_DRIVER) or [
+        vendor_slice(cli_slices(machine, node), VENDOR_DRIVER, node)
+    ]
+    spec = {**theirs["spec"], "nodeName": node, "pool": {**theirs["spec"]["pool"], "name": node}}
+    return {**theirs, "metadata": {"name": f"{node}-{VENDOR_DRIVER}"}, "spec": spec}
+
+
 @pytest.fixture(scope="module")
 def drivers(cluster: Cluster) -> Iterator[dict[str, NodeDriver]]:
     objs = install(cluster)
@@ -71,7 +81,7 @@ def drivers(cluster: Cluster) -> Iterator[dict[str, NodeDriver]]:
             cluster.add_node(node, {"e2e.toposlice.dev/machine": machine})
         for node, machine in VENDOR_NODES.items():
             cluster.add_node(node, {"e2e.toposlice.dev/machine": machine})
-        vendor = [vendor_slice(cli_slices(m, n), n, VENDOR_DRIVER) for n, m in VENDOR_NODES.items()]
+        vendor = [plugin_slice(n, m) for n, m in VENDOR_NODES.items()]
         cluster.apply([VENDOR_CLASSES[VENDOR_DRIVER], *vendor])
         for node, machine in MACHINES.items():
             started[node] = NodeDriver(cluster, node, machine).start()

@@ -93,8 +93,16 @@ class Peer:
             env["FAKE_SYS"] = str(fake_sys)
         return env
 
-    def up(self, name: str, node_name: str, fake_sys: Path | None, *flags: str) -> float:
-        """Start ``name`` (its script waits for its slices); seconds it took."""
+    def up(
+        self,
+        name: str,
+        node_name: str,
+        fake_sys: Path | None,
+        *flags: str,
+        env: dict[str, str] | None = None,
+    ) -> float:
+        """Start ``name`` (its script waits for its slices); seconds it took. ``env``: more
+        of the script's settings (``MOCK_NVML_CONFIG``)."""
         t0 = time.monotonic()
         res = subprocess.run(
             [
@@ -105,7 +113,7 @@ class Peer:
                 str(self.run_dir),
                 *flags,
             ],
-            env=self.env(node_name, fake_sys),
+            env={**self.env(node_name, fake_sys), **(env or {})},
             capture_output=True,
             text=True,
             timeout=180,
@@ -179,6 +187,11 @@ class ToposliceRun:
         log.close()
         poll(lambda: self.http("/readyz").startswith("ok"), timeout=60, what="toposlice ready")
         return self
+
+    def topology_file(self, claim_uid: str) -> Path:
+        """The NCCL topology file ``run`` wrote at prepare for a claim (state dir: the
+        plugins directory)."""
+        return self.plugins_dir / "nccl" / f"{claim_uid}.xml"
 
     def http(self, path: str) -> str:
         import urllib.request
