@@ -554,7 +554,10 @@ class Daemon:
         text = near.message(yielding=self.cfg.duplicates == "yield")
         if text:
             log.warning("%s", text)
-            self._post_node_event(text, REASON)
+            # Leaving a device to its driver is the intended outcome (Normal); keeping a
+            # second copy of it (--duplicates publish) can hand it out twice (Warning).
+            yielding = self.cfg.duplicates == "yield"
+            self._post_node_event(text, REASON, "Normal" if yielding else "Warning")
         self._publish_desired()
         if self._snap is not None and self.state is not None:
             self._check_vendor_cdi(self._snap.inventory)  # GPUs left to a vendor driver
@@ -653,8 +656,8 @@ class Daemon:
             return inv
         return dataclasses.replace(inv, gpus=gpus)
 
-    def _post_node_event(self, message: str, reason: str) -> None:
-        """A Warning Event on the Node, in a thread of its own (the API may be slow)."""
+    def _post_node_event(self, message: str, reason: str, kind: str = "Warning") -> None:
+        """An Event on the Node, in a thread of its own (the API may be slow)."""
         from .nvml_gap import post_node_event
 
         client = self.client
@@ -672,7 +675,9 @@ class Daemon:
                         "could not read node %s for the %s event: %s", node_name, reason, exc
                     )
                     return
-            post_node_event(client, node, message, f"{self.cfg.driver_name}-kubelet-plugin", reason)
+            post_node_event(
+                client, node, message, f"{self.cfg.driver_name}-kubelet-plugin", reason, kind
+            )
 
         self._spawn(post, "node-event")
 

@@ -65,9 +65,14 @@ def nvml_gap(inv: Inventory) -> str:
 
 
 def node_event(
-    node: dict[str, Any], message: str, component: str, reason: str = REASON
+    node: dict[str, Any],
+    message: str,
+    component: str,
+    reason: str = REASON,
+    kind: str = "Warning",
 ) -> dict[str, Any]:
-    """A core/v1 Warning Event about ``node`` (as the kubelet writes its own)."""
+    """A core/v1 Event about ``node`` (as the kubelet writes its own): ``kind`` Warning, or
+    Normal for news that asks nothing of anyone."""
     meta = node.get("metadata") or {}
     name = str(meta.get("name", ""))
     now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -88,7 +93,7 @@ def node_event(
         },
         "reason": reason,
         "message": message[:1024],
-        "type": "Warning",
+        "type": kind,
         "source": {"component": component, "host": name},
         "firstTimestamp": now,
         "lastTimestamp": now,
@@ -108,12 +113,13 @@ def post_node_event(
     message: str,
     component: str,
     reason: str = REASON,
+    kind: str = "Warning",
 ) -> bool:
     """Write the Event unless it is there already; False (logged) when the API server
     refused or is unreachable."""
     from kubernetes.client.exceptions import ApiException
 
-    body = node_event(node, message, component, reason)
+    body = node_event(node, message, component, reason, kind)
     namespace = EVENT_NAMESPACE
     try:
         try:

@@ -56,6 +56,9 @@ orders them differently at each start). Refresh: TOPOSLICE_RECORD_PEERS=1."""
 
 class VendorNode(Scenario):
     def start(self) -> None:
+        import datetime as dt
+
+        self.since = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         self.write_tree()
         profile = self.tree.parent / "mock-nvml.yaml"
         toposlice("machines", "mock-nvml", self.machine, "--output-file", str(profile))
@@ -140,6 +143,32 @@ def test_one_owner_per_gpu_and_no_vendor_cdi_warning(vendor: VendorNode) -> None
     assert "toposlice_vendor_cdi_missing_gpus 0.0" in metrics
     assert f'action="yielded",driver="gpu.nvidia.com"}} {n}.0' in metrics
     assert "no vendor CDI device" not in vendor.run.log_path.read_text().split("serving")[-1]
+
+    def ours() -> list[dict[str, Any]]:
+        out = vendor.cluster.kubectl(
+            "get", "events", "-A", "--field-selector", f"involvedObject.name={vendor.node.name}",
+            "-o", "json",
+        )  # fmt: skip
+        return [  # this machine's, with the default flags (the doctor test keeps copies)
+            e for e in json.loads(out)["items"]
+            if (e.get("source") or {}).get("component", "").startswith("toposlice.dev")
+            and f"{n} device(s) published by gpu.nvidia.com" in e["message"]
+            and "--duplicates publish" not in e["message"]
+        ]  # fmt: skip
+
+    poll(lambda: bool(ours()), timeout=30, what="toposlice's Event saying it yielded")
+    assert [e["reason"] for e in ours()] == ["DevicesPublishedByAnotherDriver"]
+    assert {e["type"] for e in ours()} == {"Normal"}  # no warning where the plugin is healthy
+    warned = vendor.cluster.kubectl(
+        "get", "events", "-A", "--field-selector",
+        f"involvedObject.name={vendor.node.name},type=Warning", "-o", "json",
+    )  # fmt: skip
+    assert not [
+        e for e in json.loads(warned)["items"]
+        if (e.get("source") or {}).get("component", "").startswith("toposlice.dev")
+        and "--duplicates publish" not in e["message"]
+        and (e.get("lastTimestamp") or e.get("eventTime") or "") >= vendor.since
+    ]  # fmt: skip
 
 
 def running(vendor: VendorNode, pod: str) -> bool:
