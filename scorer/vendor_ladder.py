@@ -24,6 +24,8 @@ from typing import Any
 
 from normalize.deviceclasses import device_class_name
 
+from .ladder import _exact, _sub
+
 STD = "resource.kubernetes.io"
 #: A NIC's rungs with the attribute it shares with its GPU, closest first.
 VENDOR_NIC_RUNGS = (("root", f"{STD}/pcieRoot"), ("numa", f"{STD}/numaNode"))
@@ -54,13 +56,6 @@ def gpu_class(vendor: str) -> str:
     return (dialect.device_class if dialect else None) or vendor
 
 
-def _exact(cls: str, count: int, selectors: tuple[str, ...] = ()) -> dict[str, Any]:
-    body: dict[str, Any] = {"deviceClassName": cls, "allocationMode": "ExactCount", "count": count}
-    if selectors:
-        body["selectors"] = [{"cel": {"expression": s}} for s in selectors]
-    return body
-
-
 def vendor_gpu_spec(want: VendorGpus) -> dict[str, Any]:
     """The ResourceClaimSpec (module docstring). ValueError for a shape the API refuses
     (more than 32 requests) or that pairs nothing."""
@@ -81,15 +76,7 @@ def vendor_gpu_spec(want: VendorGpus) -> dict[str, Any]:
             raise ValueError(f"--gpus {n}: at most {MAX_REQUESTS // 2} vendor GPUs with NICs")
         for i in range(n):
             requests.append({"name": f"gpu-{i}", "exactly": _exact(gcls, 1, want.gpu_selectors)})
-            rungs = [
-                {
-                    "name": rung,
-                    "deviceClassName": ncls,
-                    "count": per,
-                    "selectors": [{"cel": {"expression": rdma[0]}}],
-                }
-                for rung, _ in VENDOR_NIC_RUNGS
-            ]
+            rungs = [_sub(rung, ncls, per, rdma) for rung, _ in VENDOR_NIC_RUNGS]
             requests.append({"name": f"nic-{i}", "firstAvailable": rungs})
             for rung, attr in VENDOR_NIC_RUNGS:
                 constraints.append(
