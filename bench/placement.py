@@ -107,6 +107,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 if Path(sys.path[1]).resolve() == Path(__file__).resolve().parent:
     sys.path.pop(1)
 
+from bench.queue_sim import (
+    Decision,
+    SimJob,
+    View,
+    metrics,
+    nic_locality,
+    occupy,
+    release,
+    scorer_decision,
+    simulate,
+)
 from scorer.bandwidth import busbw_gbps
 from scorer.request import Occupancy, Request
 from scorer.score import Placement, set_busbw
@@ -308,8 +319,6 @@ class Stranding:
 
 
 def run_policy(name: str, nodes: list[NodeTopology], jobs: list[Job], seed: int) -> dict[str, Any]:
-    from bench.queue_sim import occupy
-
     by_name = {t.name: t for t in nodes}
     total = sum(len(t.gpus) for t in nodes)
     occ = Occupancy()
@@ -332,15 +341,11 @@ def run_policy(name: str, nodes: list[NodeTopology], jobs: list[Job], seed: int)
             lambda ns: rng.sample(ns, len(ns)),
         )
 
-    departures: list[tuple[float, int, ClusterPlacement, bool]] = []
+    departures: list[tuple[float, int, ClusterPlacement]] = []
     admitted, bws, decisions, stranded, gpu_hours = 0, [], [], [], 0.0
     for job in jobs:
         while departures and departures[0][0] <= job.arrival:
-            _, _, cp, memory = heapq.heappop(departures)
-            for p in cp.pods:
-                occ.allocated[by_name[p.node].pool] -= set(p.devices)
-                if memory:
-                    occ.memory_bound[by_name[p.node].pool] -= set(p.devices)
+            release(occ, by_name, heapq.heappop(departures)[2])
         stranded.append(strand.count(nodes, occ) / total)
         t0 = time.perf_counter()
         cp = decide(job.req)
@@ -352,7 +357,7 @@ def run_policy(name: str, nodes: list[NodeTopology], jobs: list[Job], seed: int)
         occupy(occ, by_name, job.req, cp)
         if job.req.gpus > 1:
             bws.append(job_busbw(by_name, cp))
-        heapq.heappush(departures, (job.arrival + job.duration, job.id, cp, memory))
+        heapq.heappush(departures, (job.arrival + job.duration, job.id, cp))
     decisions.sort()
     p99 = decisions[min(len(decisions) - 1, math.ceil(0.99 * len(decisions)) - 1)]
     return {
@@ -487,23 +492,6 @@ def _allocate_on(
     return [r.device for r in got], [r.request for r in got]
 
 
-def nic_locality(t: NodeTopology, p: Placement) -> float | None:
-    """Mean GPU↔NIC path of a pod's best pairing of its own NICs (as NCCL picks the closest),
-    as a fraction of the PIX figure; None without NICs."""
-    from scorer.bandwidth import NIC_PATH_DERATE
-    from scorer.score import assign_nics
-
-    if not p.nics:
-        return None
-    gpus = [t.gpu(v) for v in p.gpus]
-    nics = [n for n in t.nics if n.vid in p.nics]
-    per = len(nics) // len(gpus)
-    pairs = assign_nics(t, gpus, nics, per) or []
-    sys_rank = NIC_PATH_DERATE["SYS"]
-    ranks = [NIC_PATH_DERATE.get(t.relation(g.vid, n.vid), sys_rank) for g, n in pairs]
-    return sum(ranks) / len(ranks) / NIC_PATH_DERATE["PIX"] if ranks else None
-
-
 MIXED_POLICIES = ("scorer", "ladder", "careful", "plain")
 #: Reference probes for ``--frontier`` (not targets): how far mean busbw can go at all.
 FRONTIER_POLICIES = ("busbw-first", "busbw-first-no8")
@@ -616,10 +604,7 @@ def run_mixed(
     slower = 0
     for job in jobs:
         while departures and departures[0][0] <= job.arrival:
-            _, _, cp = heapq.heappop(departures)
-            for p in cp.pods:
-                occ.allocated[by_name[p.node].pool] -= set(p.devices)
-                occ.memory_bound.get(by_name[p.node].pool, set()).difference_update(p.devices)
+            release(occ, by_name, heapq.heappop(departures)[2])
         t0 = time.perf_counter()
         cp = decide(job.req)
         decisions.append((time.perf_counter() - t0) * 1000.0)
@@ -630,11 +615,8 @@ def run_mixed(
             continue
         admitted += 1
         gpu_hours += job.req.gpus * job.duration / 3600.0
+        occupy(occ, by_name, job.req, cp)
         for p in cp.pods:
-            pool = by_name[p.node].pool
-            occ.allocated.setdefault(pool, set()).update(p.devices)
-            if job.req.bound == "memory":
-                occ.memory_bound.setdefault(pool, set()).update(p.devices)
             loc = nic_locality(by_name[p.node], p)
             if loc is not None:
                 locs.append(loc)
@@ -779,8 +761,6 @@ def carried_capacity(topos: list[NodeTopology], sizes: dict[int, float]) -> dict
 def queue_stream(n: int, topos: list[NodeTopology], load: float, seed: int) -> list[Any]:
     """The mixed stream (same sizes, patterns and run-time law as ``mixed_stream``) at
     ``load`` × the binding resource's capacity, each job with a hint (base × U(1, 2))."""
-    from bench.queue_sim import SimJob
-
     cap = carried_capacity(topos, MIXED_SIZES)["binding"]
     jobs = mixed_stream(n, round(cap), load, seed)
     rng = random.Random(seed * 7907 + 3)
@@ -819,7 +799,6 @@ def queue_policy(name: str, nodes: list[MixedNode], rng: random.Random) -> Any:
     """A policy for bench/queue_sim.py: the scorer's expected-completion decision, or a
     claim through the allocator model (ladder, careful, plain: nodes in random order;
     first-fit: plain counts, nodes in cluster order)."""
-    from bench.queue_sim import Decision, SimJob, View, scorer_decision
     from scorer.ladder import ladder_spec, prioritized_score, wants_scaleup
 
     def claims(job: SimJob, view: View) -> Decision:
@@ -854,8 +833,6 @@ def queue_policy(name: str, nodes: list[MixedNode], rng: random.Random) -> Any:
 def run_queue(
     policy: str, nodes: list[MixedNode], jobs: list[Any], seed: int, hints: bool, draw: int = 0
 ) -> dict[str, Any]:
-    from bench.queue_sim import metrics, simulate
-
     index = QUEUE_POLICIES.index(policy)
     rng = random.Random((seed * 7919 + index) * 1009**draw)
     topos = [n.topo for n in nodes]
@@ -973,8 +950,6 @@ LARGE_QUEUE_LOAD = 0.6
 def large_queue_policy(name: str, nodes: list[NodeTopology], seed: int) -> Any:
     """scorer (the expected-completion decision), first-fit (nodes in a fixed shuffled
     order, devices first-fit) or random, for bench/queue_sim.py."""
-    from bench.queue_sim import Decision, SimJob, View, scorer_decision
-
     rng = random.Random(seed)
     fixed = list(nodes)
     random.Random(seed + 1).shuffle(fixed)
@@ -998,8 +973,6 @@ def large_queue_policy(name: str, nodes: list[NodeTopology], seed: int) -> Any:
 
 
 def main_large_queue(args: argparse.Namespace) -> int:
-    from bench.queue_sim import SimJob, metrics, simulate
-
     t0 = time.perf_counter()
     nodes = build_cluster()
     total = sum(len(t.gpus) for t in nodes)

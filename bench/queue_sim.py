@@ -21,6 +21,10 @@ memory-bound work beside it at that moment (fixed for the run: jobs that start l
 re-time it). The metrics: JCT = end − arrival (mean, p95), wait = start − arrival, useful
 utilisation = Σ base GPU-seconds / (cluster GPUs × makespan), makespan = last end − first
 arrival; busbw and NIC locality of the placements as diagnostics.
+
+``bench/placement.py`` drives this module and shares its pieces (``occupy``, ``release``,
+``nic_locality``, ``scorer_decision``); this module never imports it back
+(``tests/test_bench_placement.py`` checks there is no import cycle).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from scorer.bandwidth import NIC_PATH_DERATE
 from scorer.completion import (
     Context,
     Queued,
@@ -39,10 +44,12 @@ from scorer.completion import (
     deadline,
     decide,
     expected_remaining,
+    placement_busbw,
     placement_stretch,
 )
 from scorer.estimate import RunEstimator
 from scorer.request import Occupancy, Request
+from scorer.score import Placement, assign_nics
 from scorer.search import ClusterPlacement
 from scorer.topology import NodeTopology
 
@@ -138,6 +145,29 @@ def occupy(
         occ.allocated.setdefault(pool, set()).update(p.devices)
         if memory:
             occ.memory_bound.setdefault(pool, set()).update(p.devices)
+
+
+def release(occ: Occupancy, by_name: Mapping[str, NodeTopology], cp: ClusterPlacement) -> None:
+    """Free CP's devices in OCC, memory-bound marks included (a device is marked only while
+    the memory-bound job that holds it runs, so nothing else's mark is lost)."""
+    for p in cp.pods:
+        pool = by_name[p.node].pool
+        occ.allocated.get(pool, set()).difference_update(p.devices)
+        occ.memory_bound.get(pool, set()).difference_update(p.devices)
+
+
+def nic_locality(t: NodeTopology, p: Placement) -> float | None:
+    """Mean GPU↔NIC path of a pod's best pairing of its own NICs (as NCCL picks the closest),
+    as a fraction of the PIX figure; None without NICs."""
+    if not p.nics:
+        return None
+    gpus = [t.gpu(v) for v in p.gpus]
+    nics = [n for n in t.nics if n.vid in p.nics]
+    per = len(nics) // len(gpus)
+    pairs = assign_nics(t, gpus, nics, per) or []
+    sys_rank = NIC_PATH_DERATE["SYS"]
+    ranks = [NIC_PATH_DERATE.get(t.relation(g.vid, n.vid), sys_rank) for g, n in pairs]
+    return sum(ranks) / len(ranks) / NIC_PATH_DERATE["PIX"] if ranks else None
 
 
 @dataclass
@@ -301,10 +331,8 @@ def simulate(
             _, jid = heapq.heappop(departures)
             s = running.pop(jid)
             estimator.observe(s.job.req, s.job.base)
+            release(occ, by_name, s.cp)
             for p in s.cp.pods:
-                pool = by_name[p.node].pool
-                occ.allocated[pool] -= set(p.devices)
-                occ.memory_bound.get(pool, set()).difference_update(p.devices)
                 count(p.node, p.devices, +1)
             changed = True
         while timers and timers[0] <= now:
@@ -321,8 +349,6 @@ def simulate(
 
 
 def metrics(res: Result, nodes: Sequence[NodeTopology]) -> dict[str, Any]:
-    from bench.placement import nic_locality
-
     by_name = {t.name: t for t in nodes}
     total = sum(len(t.gpus) for t in nodes)
     s = res.started
@@ -332,8 +358,6 @@ def metrics(res: Result, nodes: Sequence[NodeTopology]) -> dict[str, Any]:
     makespan = max((x.end for x in s), default=0.0) - first
     useful = sum(x.job.base * x.job.req.gpus for x in s)
     ctx = Context(nodes, Occupancy(), 0.0)
-    from scorer.completion import placement_busbw
-
     bws = [placement_busbw(ctx, x.cp) for x in s if x.job.req.gpus > 1]
     locs = [
         loc for x in s for p in x.cp.pods if (loc := nic_locality(by_name[p.node], p)) is not None

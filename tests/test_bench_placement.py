@@ -129,3 +129,117 @@ def test_levers_script_restores_the_scorer_constants() -> None:
     with patched([(search_mod, "WHOLE_NODE", 9.0), (score_mod, "NIC_FLOOR", 0.0)]):
         assert (search_mod.WHOLE_NODE, score_mod.NIC_FLOOR) == (9.0, 0.0)
     assert (search_mod.WHOLE_NODE, score_mod.FRAGMENTATION_WEIGHT, score_mod.NIC_FLOOR) == before
+
+
+def test_large_cluster_rejection_model_prints_its_figures() -> None:
+    """``--model reject`` on the large cluster (issue #34: it died with UnboundLocalError on
+    the first admitted job, the memory-bound flag of the departure heap never set)."""
+    out, err = _run("placement.py", "--model", "reject", "--jobs", "120")
+    assert set(out["policies"]) == {"scorer", "first-fit", "random"}
+    for name, fig in out["policies"].items():
+        assert fig["jobs"] == 120 and 0 < fig["admitted"] <= 120, name
+        assert fig["gpu_hours"] > 0 and fig["mean_busbw_gbps"] > 0, name
+        assert 0.0 <= fig["stranded_gpu_frac"] <= 1.0, name
+    assert "targets: admitted" in err and "busbw ratio" in err
+
+
+def test_rejection_model_releases_memory_bound_marks_with_the_job(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A departing job frees its devices and, when it was memory bound, their memory-bound
+    marks; a compute job admitted after a memory-bound one departed is not marked."""
+    import bench.placement as bp
+    from scorer.request import Occupancy, Request
+    from scorer.topology import from_graph, rename_graph
+    from tests.scorer_support import machine
+
+    made: list[Occupancy] = []
+
+    class Recording(Occupancy):
+        def __init__(self) -> None:
+            super().__init__()
+            made.append(self)
+
+    monkeypatch.setattr(bp, "Occupancy", Recording)
+    dgx = from_graph(rename_graph(machine("dgx-h100").graph, "dgx"))
+
+    def job(i: int, t: float, run: float, bound: str) -> bp.Job:
+        return bp.Job(i, t, run, Request(gpus=1, bound=bound, name=f"j{i}"))
+
+    # A (memory) leaves at 10, B (compute) arrives after it, C (memory) outlives the stream.
+    jobs = [job(0, 0.0, 10.0, "memory"), job(1, 20.0, 10.0, "compute")]
+    jobs += [job(2, 40.0, 1000.0, "memory"), job(3, 50.0, 5.0, "compute")]
+    for policy in ("scorer", "first-fit", "random"):
+        made.clear()
+        fig = bp.run_policy(policy, [dgx], jobs, seed=1)
+        assert fig["admitted"] == 4, policy
+        (occ,) = made
+        allocated = occ.allocated.get(dgx.pool, set())
+        marked = occ.memory_bound.get(dgx.pool, set())
+        # C and D still hold a GPU each; only C's is memory bound
+        assert len(allocated) == 2 and len(marked) == 1 and marked < allocated, policy
+
+
+def _bench_imports(path: Path) -> set[str]:
+    """The bench modules PATH imports anywhere in it (functions included)."""
+    import ast
+
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            if node.module == "bench":
+                found.update(a.name for a in node.names)
+            elif node.module.startswith("bench."):
+                found.add(node.module.split(".")[1])
+        elif isinstance(node, ast.Import):
+            found.update(a.name.split(".")[1] for a in node.names if a.name.startswith("bench."))
+    return found
+
+
+def test_bench_scripts_import_each_other_without_a_cycle() -> None:
+    """bench/placement.py uses bench/queue_sim.py, never the other way round (issue #34: each
+    imported the other), and neither (nor bench/scorer_levers.py, built on them) imports
+    itself back through other bench modules."""
+    graph = {p.stem: _bench_imports(p) for p in sorted((REPO / "bench").glob("*.py"))}
+    assert "queue_sim" in graph["placement"]
+    assert "placement" not in graph["queue_sim"]
+
+    def cycle_from(start: str) -> list[str] | None:
+        stack = [(start, [start])]
+        seen: set[str] = set()
+        while stack:
+            mod, path = stack.pop()
+            for dep in graph.get(mod, set()):
+                if dep == start:
+                    return [*path, dep]
+                if dep not in seen:
+                    seen.add(dep)
+                    stack.append((dep, [*path, dep]))
+        return None
+
+    cycles = [c for m in ("placement", "queue_sim", "scorer_levers") if (c := cycle_from(m))]
+    assert not cycles, cycles
+
+
+def test_queue_simulator_runs_and_reports_without_the_placement_bench() -> None:
+    """In a fresh interpreter: simulate + metrics (NIC locality included) never load
+    bench.placement."""
+    code = """
+import sys
+from bench.queue_sim import Decision, SimJob, metrics, scorer_decision, simulate
+from scorer.request import Request
+from scorer.topology import from_graph, rename_graph
+from tests.scorer_support import machine
+
+dgx = from_graph(rename_graph(machine("dgx-h100").graph, "dgx"))
+jobs = [SimJob(i, float(i), 100.0, Request(gpus=2, nics_per_gpu=1, name=f"j{i}"), 100.0)
+        for i in range(3)]
+fig = metrics(simulate([dgx], jobs, scorer_decision, hints=True), [dgx])
+assert fig["jobs"] == 3 and 0.0 < fig["nic_locality"] <= 1.0, fig
+assert "bench.placement" not in sys.modules, sorted(m for m in sys.modules if "bench" in m)
+print("ok")
+"""
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO
+    )
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
