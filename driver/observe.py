@@ -213,8 +213,10 @@ class Observer:
             self._wake.wait(self.interval)
             self._wake.clear()
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop the loop; wait up to ``timeout`` for a read in flight (the thread is a daemon:
+        one still in an API call, up to ApiSlices' 10 s, does not hold the process)."""
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
-            self._thread.join(5)
+            self._thread.join(timeout)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import gc
 import logging
-import signal
 import sys
 import threading
 import time
@@ -142,17 +141,15 @@ def run(args: argparse.Namespace) -> int:
         return (True, "ok") if view.snapshot() is not None else (False, "no discovery yet")
 
     # SIGTERM (the kubelet, systemd) stops with 0; SIGINT (Ctrl-C) with 130, as a shell
-    # expects. Both only set the event: the loop below ends, and the finally stops the
-    # server and the discovery helper (which ignores SIGINT: discovery_worker.py).
-    stop = threading.Event()
-    stopped_by: list[int] = []
+    # expects. Both set the event (from a thread, never in the handler: shutdown.py): the
+    # loop below ends, and the finally stops the observer, the discovery helper (which
+    # ignores SIGINT: discovery_worker.py) and the server. Whatever still runs
+    # shutdown.GRACE seconds after the signal (a discovery stuck in a read) is not waited
+    # for: the process ends with the same status.
+    from toposlice.shutdown import StopSignals
 
-    def on_signal(signum: int, _frame: Any) -> None:
-        stopped_by.append(signum)
-        stop.set()
-
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, on_signal)
+    signals = StopSignals(name="toposlice serve").install()
+    stop = signals.event
     server = HttpServer(
         args.http_addr, view, metrics, ready=ready, publishes=False, dot=graph_to_dot
     )
@@ -162,9 +159,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"toposlice: error: --http-addr {args.http_addr}: {exc.strerror}", file=sys.stderr)
         return 1
     try:
-        return _serve(args, view, server, metrics, loader, opts.driver, stop, stopped_by)
+        _serve(args, view, server, metrics, loader, opts.driver, stop)
     finally:
-        server.stop()
+        server.stop(timeout=1.0)
+    return signals.status()
 
 
 def _serve(
@@ -175,9 +173,8 @@ def _serve(
     loader: Any,
     driver: str,
     stop: threading.Event,
-    stopped_by: list[int],
-) -> int:
-    """The discovery loop of a started server, until SIGTERM/SIGINT: the exit status."""
+) -> None:
+    """The discovery loop of a started server, until ``stop`` (SIGTERM/SIGINT)."""
     from toposlice.discovery_worker import DiscoveryWorker, discover_snapshot
 
     log.info("serving on %s", server.url)
@@ -191,7 +188,9 @@ def _serve(
         start = time.perf_counter()
         try:
             if worker is not None:
-                snap = worker.snapshot()
+                snap = worker.snapshot(stop)
+                if snap is None:  # stopped meanwhile: the helper is killed below
+                    return False
             else:
                 snap = discover_snapshot(args, loader)
             inv = snap.inventory
@@ -227,10 +226,9 @@ def _serve(
                 backoff = min(backoff * 2, max(args.rediscover_interval, 1.0))
     finally:
         if observer is not None:
-            observer.stop()
+            observer.stop(timeout=0.5)  # a daemon thread: an API call in flight may go on
         if worker is not None:
             worker.close(kill=stop.is_set())
-    return 130 if signal.SIGINT in stopped_by else 0
 
 
 def _observer(args: argparse.Namespace, view: ServeView, server: Any, own_driver: str) -> Any:

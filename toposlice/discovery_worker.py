@@ -12,6 +12,7 @@ import argparse
 import contextlib
 import os
 import signal
+import threading
 from typing import TYPE_CHECKING, Any
 
 from toposlice.sources import inventory_loader, node_name_of, normalize_options
@@ -23,6 +24,8 @@ if TYPE_CHECKING:  # multiprocessing is imported on first use: not on the way to
 #: while another thread runs (publisher, health, unpickling a snapshot from the helper)
 #: would wait that long. 1 ms keeps the exporter's and prepare's p99 within target.
 SWITCH_INTERVAL = 0.001
+#: How often :meth:`DiscoveryWorker.snapshot` looks at its stop event while it waits.
+STOP_POLL = 0.1
 
 
 def background(parent: int = 0) -> None:
@@ -66,7 +69,9 @@ class DiscoveryWorker:
         self.node = node
         self._pool: ProcessPoolExecutor | None = None
 
-    def snapshot(self) -> Any:
+    def snapshot(self, stop: threading.Event | None = None) -> Any:
+        """The snapshot of one discovery in the helper; None if ``stop`` is set before it is
+        done (the helper goes on: :meth:`close` with ``kill`` ends it)."""
         # The helper is spawned (on first use, or after it died) inside submit(); it
         # inherits the signal mask, so SIGINT stays blocked from its exec until
         # background() ignores it. A Ctrl-C meanwhile waits for this thread's unblock.
@@ -88,7 +93,14 @@ class DiscoveryWorker:
             future = self._pool.submit(discover_snapshot, self.args, None, self.node)
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, old)
-        return future.result()
+        if stop is None:
+            return future.result()
+        while not stop.is_set():
+            try:
+                return future.result(timeout=STOP_POLL)
+            except TimeoutError:
+                continue
+        return None
 
     def close(self, kill: bool = False) -> None:
         """Stop the helper: after its discovery, or at once with ``kill`` (a signal asked
