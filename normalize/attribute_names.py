@@ -73,6 +73,8 @@ CORE = "core"
 CPU_LIST = "cpuList"
 PCIE_ROOTS = "pcieRoots"
 PCIE_ROOTS_TRUNCATED = "pcieRootsTruncated"
+PCIE_ROOTS_MORE = ("pcieRoots2", "pcieRoots3", "pcieRoots4")
+"""Where the roots that do not fit in ``pcieRoots``' 64 characters go, in order."""
 
 DRIVER_ATTRIBUTES = (
     TYPE,
@@ -113,6 +115,7 @@ DRIVER_ATTRIBUTES = (
     CPU_LIST,
     PCIE_ROOTS,
     PCIE_ROOTS_TRUNCATED,
+    *PCIE_ROOTS_MORE,
 )
 """Driver-domain attribute names (unqualified)."""
 

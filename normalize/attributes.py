@@ -130,26 +130,38 @@ def is_semver(text: str) -> bool:
     return len(text) <= MAX_STRING and bool(SEMVER_RE.match(text))
 
 
+def _numeric_version(text: str, *, parts: range) -> str | None:
+    """``X[.Y[.Z]]`` of ASCII digits as semver: each number without its leading zeros
+    (``580.105.08`` -> ``580.105.8``, the same version to every semver comparison, and what
+    NVIDIA's DRA driver publishes), padded with ``.0`` to three numbers; else None."""
+    nums = text.split(".")
+    if len(nums) not in parts or not all(n.isascii() and n.isdigit() for n in nums):
+        return None
+    candidate = ".".join([str(int(n)) for n in nums] + ["0"] * (3 - len(nums)))
+    return candidate if is_semver(candidate) else None
+
+
 def to_semver(text: str | None) -> str | None:
-    """``4.0`` -> ``4.0.0``, ``9`` -> ``9.0.0``; strict semver is kept; anything else is None."""
+    """``4.0`` -> ``4.0.0``, ``9`` -> ``9.0.0``, ``535.104.05`` -> ``535.104.5``; strict
+    semver is kept; anything else is None."""
     if text is None:
         return None
     text = text.strip().removeprefix("v")
     if is_semver(text):
         return text
-    parts = text.split(".")
-    if 1 <= len(parts) <= 2 and all(p.isascii() and p.isdigit() for p in parts):
-        nums = [str(int(p)) for p in parts] + ["0"] * (3 - len(parts))
-        candidate = ".".join(nums)
-        return candidate if is_semver(candidate) else None
-    return None
+    return _numeric_version(text, parts=range(1, 4))
 
 
 def a_version(text: str | None, *, lenient: bool = True) -> Attr | None:
-    """A version attribute; ``lenient`` pads ``X.Y`` to ``X.Y.0``, strict keeps only semver."""
+    """A version attribute; ``lenient`` pads ``X.Y`` to ``X.Y.0``; strict takes semver or
+    three numbers (leading zeros dropped: ``580.105.08`` -> ``580.105.8``), nothing shorter."""
     if text is None:
         return None
-    value = to_semver(text) if lenient else (text if is_semver(text) else None)
+    if lenient:
+        value = to_semver(text)
+    else:
+        text = text.strip()
+        value = text if is_semver(text) else _numeric_version(text, parts=range(3, 4))
     return {"version": value} if value else None
 
 

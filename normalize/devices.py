@@ -144,26 +144,37 @@ class _Builder:
                 self.drop(f"{key}[]", too_long(v), "the list without it" if attr else None)
         self.put(key, attr)
 
-    def joined(self, key: str, values: list[str], flag: str) -> None:
-        """``values`` comma-joined into one string; over the limit, the leading values that
-        fit (cut at a value boundary, never inside one) and ``flag`` = true."""
-        kept: list[str] = []
+    def joined(self, key: str, values: list[str], flag: str, more: tuple[str, ...] = ()) -> None:
+        """``values`` comma-joined into one string. Over the limit, split at value
+        boundaries (never inside one): ``key`` holds the leading values that fit, each name
+        of ``more`` in turn the next ones, and ``flag`` = true says ``key`` alone is not the
+        whole list. Nothing is lost unless even ``more`` runs out: only that is reported."""
+        names = (key, *more)
+        chunks: list[list[str]] = []
+        cur: list[str] = []
+        placed = 0
         for v in values:
-            if len(",".join([*kept, v])) > MAX_STRING:
+            if cur and len(",".join([*cur, v])) > MAX_STRING:
+                chunks.append(cur)
+                cur = []
+            if len(v) > MAX_STRING or len(chunks) == len(names):
                 break
-            kept.append(v)
-        if len(kept) < len(values):
-            full = ",".join(values)
-            published = f"the first {len(kept)} and {flag}=true" if kept else None
+            cur.append(v)
+            placed += 1
+        if cur:
+            chunks.append(cur)
+        for i, chunk in enumerate(chunks):
+            self.put(names[i], a_string(",".join(chunk)))
+            if i == 0 and len(chunk) < len(values):
+                self.attrs[flag] = a_bool(True)
+        if placed < len(values):
+            used = ", ".join(names[: len(chunks)])
             self.drop(
                 key,
-                f"lists {len(values)} values in {len(full)} characters, over the "
-                f"{MAX_STRING}-character limit",
-                published,
+                f"lists {len(values)} values in {len(','.join(values))} characters, more "
+                f"than {len(names)} attributes of {MAX_STRING} characters hold",
+                f"the first {placed} in {used} and {flag}=true" if placed else None,
             )
-        self.put(key, a_string(",".join(kept)))
-        if kept and len(kept) < len(values):
-            self.attrs[flag] = a_bool(True)
 
     def device_dict(self, capacity: dict[str, Any]) -> Device:
         dev: Device = {"name": self.device, "attributes": self._fit(capacity)}
@@ -315,7 +326,8 @@ def cpu_device(
         if opts.numa_list:
             b.strings(an.PCIE_ROOTS, list(group.pcie_roots))
         else:
-            b.joined(an.PCIE_ROOTS, list(group.pcie_roots), an.PCIE_ROOTS_TRUNCATED)
+            roots = list(group.pcie_roots)
+            b.joined(an.PCIE_ROOTS, roots, an.PCIE_ROOTS_TRUNCATED, an.PCIE_ROOTS_MORE)
     capacity: dict[str, Any] = {an.CAPACITY_CPUS: {"value": str(len(group.cpus))}}
     if group.memory_bytes:
         capacity[an.CAPACITY_MEMORY] = {"value": quantity(group.memory_bytes)}

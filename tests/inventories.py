@@ -4,6 +4,9 @@ A support module, not a test module: tests import the builders from here."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 from discovery.model import (
     CacheGroup,
     Cpu,
@@ -359,3 +362,26 @@ def snc() -> Inventory:
     )
     inv.nics.append(Nic(bus_id="0000:b1:00.0", probe="rdma", netdevs=["eth0"]))
     return inv
+
+
+#: Root complexes the many-roots machine adds to dgx-h100's NUMA node 0 (which has 6).
+EXTRA_ROOTS = 20
+
+
+def many_roots_machine(dest_dir: str | os.PathLike[str]) -> Path:
+    """dgx-h100 with EXTRA_ROOTS more root complexes (bare root ports) on NUMA node 0, written
+    as a machine file in ``dest_dir`` for ``--fake FILE``: 26 roots, more than
+    ``pcieRoots``…``pcieRoots4`` hold, so ``cpu-numa0`` is one attribute not published in full
+    (the built-in machines have none)."""
+    import yaml
+
+    from discovery.fake import MACHINES_DIR
+
+    doc = yaml.safe_load((MACHINES_DIR / "dgx-h100.yaml").read_text())  # host name kept
+    doc["pci"] += [
+        {"bdf": f"0000:{0xE0 + i:02x}:01.0", "type": "root_port", "numa_node": 0}
+        for i in range(EXTRA_ROOTS)
+    ]
+    out = Path(dest_dir) / "dgx-h100-many-roots.yaml"
+    out.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return out

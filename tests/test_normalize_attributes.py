@@ -10,6 +10,7 @@ from normalize.attributes import (
     PCI_BUS_ID,
     PCIE_ROOT,
     a_string,
+    a_version,
     numa_list,
     to_semver,
 )
@@ -51,7 +52,9 @@ def test_gb200_clique_and_invalid_semver_driver() -> None:
     clique = "7f1e0a4c-2b3d-4e5f-8a9b-0c1d2e3f4a5b.32766"
     assert a["nvlinkClique"] == {"string": clique}
     assert a["nvlinkDomain"] == {"string": clique}
-    assert "driverVersion" not in a  # 570.124.06 has a leading zero: not semver
+    # 570.124.06 is not semver (a leading zero): the same version without it, as NVIDIA's
+    # DRA driver publishes it
+    assert a["driverVersion"] == {"version": "570.124.6"}
     assert a["memoryNumaNode"] == {"int": 2}
 
 
@@ -104,22 +107,41 @@ def test_cpu_group_pcie_roots_scalar_and_list() -> None:
     assert cpu0["attributes"][PCIE_ROOT] == {"strings": roots.split(",")}
 
 
-def test_cpu_group_pcie_roots_too_long_cut_at_a_root_and_reported() -> None:
+def _roots_inventory(count: int) -> Inventory:
     inv = snc()
-    for i in range(10):
+    for i in range(count):
         inv.pci_devices.append(
             PciDevice(bus_id=f"0000:{i:02x}:00.0", numa_node=0, pcie_root=f"pci0000:{i:02x}")
         )
-    devices, dropped = build_devices_reported(inv)
+    return inv
+
+
+def test_cpu_group_pcie_roots_too_long_split_at_roots_and_not_reported() -> None:
+    """10 roots (109 characters): five in pcieRoots, five in pcieRoots2, nothing lost, nothing
+    reported."""
+    devices, dropped = build_devices_reported(_roots_inventory(10))
     attrs = _dev(devices, "cpu-numa0")["attributes"]
-    roots = attrs["pcieRoots"]["string"]
-    assert len(roots) <= 64 and roots == ",".join(f"pci0000:{i:02x}" for i in range(5))
+    assert attrs["pcieRoots"] == {"string": ",".join(f"pci0000:{i:02x}" for i in range(5))}
+    assert attrs["pcieRoots2"] == {"string": ",".join(f"pci0000:{i:02x}" for i in range(5, 10))}
+    assert attrs["pcieRootsTruncated"] == {"bool": True}
+    assert "pcieRoots3" not in attrs
+    assert [d for d in dropped if d.device == "cpu-numa0"] == []
+    listed = build_devices(_roots_inventory(10), NormalizeOptions(numa_list=True))
+    assert len(_dev(listed, "cpu-numa0")["attributes"]["pcieRoots"]["strings"]) == 10
+
+
+def test_cpu_group_pcie_roots_over_every_part_cut_at_a_root_and_reported() -> None:
+    devices, dropped = build_devices_reported(_roots_inventory(23))
+    attrs = _dev(devices, "cpu-numa0")["attributes"]
+    parts = [attrs[k]["string"] for k in ("pcieRoots", "pcieRoots2", "pcieRoots3", "pcieRoots4")]
+    assert all(len(p) <= 64 for p in parts)
+    assert ",".join(parts) == ",".join(f"pci0000:{i:02x}" for i in range(20))
     assert attrs["pcieRootsTruncated"] == {"bool": True}
     (drop,) = [d for d in dropped if d.device == "cpu-numa0"]
-    assert drop.attribute == "pcieRoots" and "10 values in 109 characters" in drop.reason
-    assert drop.published == "the first 5 and pcieRootsTruncated=true"
-    listed = build_devices(inv, NormalizeOptions(numa_list=True))
-    assert len(_dev(listed, "cpu-numa0")["attributes"]["pcieRoots"]["strings"]) == 10
+    assert drop.attribute == "pcieRoots" and "23 values in 252 characters" in drop.reason
+    assert drop.published == (
+        "the first 20 in pcieRoots, pcieRoots2, pcieRoots3, pcieRoots4 and pcieRootsTruncated=true"
+    )
 
 
 def test_every_limit_that_keeps_a_value_out_is_reported() -> None:
@@ -127,7 +149,7 @@ def test_every_limit_that_keeps_a_value_out_is_reported() -> None:
     inv = dgx()
     gpu = inv.gpus[0]
     gpu.uuid = "GPU-" + "f" * 70
-    gpu.driver_version = "535.104.05"
+    gpu.driver_version = "535.104.05-beta"  # a leading zero and a suffix: no version
     gpu.model = "M" * 80
     nic = inv.nics[0]
     nic.netdevs = ["n" * 65]
@@ -197,7 +219,11 @@ def test_helpers() -> None:
     assert to_semver("4.0") == "4.0.0"
     assert to_semver("9") == "9.0.0"
     assert to_semver("1.2.3-rc.1") == "1.2.3-rc.1"
-    assert to_semver("535.104.05") is None
+    assert to_semver("535.104.05") == "535.104.5"
+    assert to_semver("535.104.05-beta") is None
+    assert a_version("580.105.08", lenient=False) == {"version": "580.105.8"}
+    assert a_version("550.54", lenient=False) is None
+    assert a_version("550.54", lenient=True) == {"version": "550.54.0"}
     assert a_string("x" * 65) is None
     assert a_string("x" * 65, truncate=True) == {"string": "x" * 64}
     assert quantity(80 << 30) == "80Gi"
