@@ -65,6 +65,10 @@ class DaemonConfig:
     """Keep the node's NodeResourceTopology (``--nrt``)."""
     topology_manager_policy: str | None = None
     topology_manager_scope: str | None = None
+    nrt_pods_fingerprint: bool = True
+    """Write the NRT's pods fingerprint from a watch of the node's pods."""
+    nrt_topology_policies: bool = False
+    """Also write the deprecated ``topologyPolicies`` list."""
     node_feature: bool = False
     """Keep the node's NFD NodeFeature (``--node-feature``)."""
     node_feature_namespace: str | None = None
@@ -307,6 +311,21 @@ def _add_integration_args(p: argparse.ArgumentParser) -> None:
         help="the kubelet's --topology-manager-scope, written into the NRT object",
     )
     g.add_argument(
+        "--nrt-pods-fingerprint",
+        action=argparse.BooleanOptionalAction,
+        default=(_env("NRT_PODS_FINGERPRINT", "true") or "").lower() in ("1", "true", "yes"),
+        help="write the NRT's nodeTopologyPodsFingerprint from a watch of the node's pods, "
+        "which the NodeResourceTopology plugin's cached mode needs (default on; "
+        "$NRT_PODS_FINGERPRINT)",
+    )
+    g.add_argument(
+        "--nrt-topology-policies",
+        action="store_true",
+        default=(_env("NRT_TOPOLOGY_POLICIES", "") or "").lower() in ("1", "true", "yes"),
+        help="also write the deprecated topologyPolicies list of the NRT, for readers of "
+        "API v1alpha1 ($NRT_TOPOLOGY_POLICIES=true)",
+    )
+    g.add_argument(
         "--node-feature",
         action="store_true",
         default=(_env("NODE_FEATURE", "") or "").lower() in ("1", "true", "yes"),
@@ -444,6 +463,8 @@ class _Integrations(TypedDict):
     nrt: bool
     topology_manager_policy: str | None
     topology_manager_scope: str | None
+    nrt_pods_fingerprint: bool
+    nrt_topology_policies: bool
     node_feature: bool
     node_feature_namespace: str | None
 
@@ -457,6 +478,9 @@ def _integration_config(args: argparse.Namespace) -> _Integrations:
     scope = getattr(args, "topology_manager_scope", None)
     if (policy or scope) and not nrt:
         raise ConfigError("--topology-manager-policy/--topology-manager-scope need --nrt")
+    policies = bool(getattr(args, "nrt_topology_policies", False))
+    if policies and not policy:
+        raise ConfigError("--nrt-topology-policies needs --topology-manager-policy")
     node_feature = bool(getattr(args, "node_feature", False))
     namespace = getattr(args, "node_feature_namespace", None) or None
     if node_feature:
@@ -473,6 +497,8 @@ def _integration_config(args: argparse.Namespace) -> _Integrations:
         "nrt": nrt,
         "topology_manager_policy": policy,
         "topology_manager_scope": scope,
+        "nrt_pods_fingerprint": bool(getattr(args, "nrt_pods_fingerprint", True)),
+        "nrt_topology_policies": policies,
         "node_feature": node_feature,
         "node_feature_namespace": namespace,
     }

@@ -62,6 +62,7 @@ if TYPE_CHECKING:
     from .dra_server import DraServer
     from .hotplug import Debouncer, UdevWatcher
     from .neighbours import NeighbourWatch
+    from .node_pods import NodePods
     from .publisher import SlicePublisher
     from .registration import Registrar
     from .state import DriverState
@@ -194,6 +195,8 @@ class Daemon:
         """The Node as read at start (its UID owns the slices; the Events name it)."""
         self.topology_writers: list[TopologyObjectWriter] = []
         """NodeResourceTopology / NodeFeature writers (``--nrt``, ``--node-feature``)."""
+        self.node_pods: NodePods | None = None
+        """The node's pods, for the NRT's pods fingerprint (``--nrt``)."""
         self.http: Any = None
         self.metrics: Any = None
         self.debouncer: Debouncer | None = None
@@ -466,10 +469,29 @@ class Daemon:
                     self.client, kind, cfg.node_name, resync_seconds=cfg.resync_interval
                 )
             )
+        if cfg.nrt and cfg.topology_manager_policy is None:
+            log.warning(
+                "--nrt without --topology-manager-policy: the NodeResourceTopology scheduler "
+                "plugin reads such an object as invalid and refuses the node; pass the "
+                "kubelet's policy (chart: integrations.nrt.topologyManagerPolicy)"
+            )
+        if cfg.nrt and cfg.nrt_pods_fingerprint:
+            from .node_pods import NodePods
+
+            self.node_pods = NodePods(self.client, cfg.node_name, self._pods_changed).start()
+            # The first object carries the fingerprint, so a start is one write, not two;
+            # a slow server only delays it until its LIST is in (NodePods tells then).
+            if not self.node_pods.wait_synced(min(10.0, cfg.startup_timeout)):
+                log.warning("the node's pods are not listed yet: the NRT waits for them")
         if self._snap is not None:
             self._set_topology_objects(self._snap)
         for writer in self.topology_writers:
             writer.start()
+
+    def _pods_changed(self, fingerprint: str) -> None:
+        log.debug("pods fingerprint of node %s: %s", self.cfg.node_name, fingerprint)
+        if self._snap is not None:
+            self._set_topology_objects(self._snap)
 
     def _set_topology_objects(self, snap: Snapshot) -> None:
         from .topology_objects import NRT_KIND
@@ -480,12 +502,17 @@ class Daemon:
                 if writer.kind is NRT_KIND:
                     from normalize.nrt import build_nrt
 
+                    pods = self.node_pods
+                    fingerprint = None if pods is None else pods.fingerprint()
+                    if pods is not None and fingerprint is None:
+                        continue  # not listed yet: NodePods calls again after its LIST
                     obj = build_nrt(
                         snap.inventory,
                         cfg.node_name,
-                        driver=cfg.driver_name,
                         policy=cfg.topology_manager_policy,
                         scope=cfg.topology_manager_scope,
+                        pods_fingerprint=fingerprint,
+                        topology_policies=cfg.nrt_topology_policies,
                     )
                 else:
                     from normalize.node_feature import build_node_feature
@@ -752,6 +779,8 @@ class Daemon:
             self.publisher.stop()
         for writer in self.topology_writers:
             writer.stop()
+        if self.node_pods is not None:
+            self.node_pods.stop()
         if self.http is not None:
             self.http.stop()
         for t in self._threads:

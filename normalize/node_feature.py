@@ -35,7 +35,16 @@ refuses a node the claim could fit. :func:`admits` is that filter's rule, for th
 and tests.
 
 ``spec.features.attributes["toposlice.topology"]`` carries the same values without the
-prefix, for NodeFeatureRules. Pure function: no I/O.
+prefix, for NodeFeatureRules; ``flags`` and ``instances`` are present and empty, because
+the older NodeFeature schema (NFD up to v0.12, and the fork some distributions still ship)
+requires all three and refuses the object (HTTP 422) without them, while the current one
+accepts them.
+
+With NFD's hardening option ``restrictions.denyNodeFeatureLabels`` its master ignores
+``spec.labels`` of NodeFeatures outside its own namespace, ours included; the features
+still count. :func:`build_node_feature_rule` is the NodeFeatureRule (the chart's
+``integrations.nodeFeature.rule``) that makes the same labels from the feature set in that
+mode. Pure functions: no I/O.
 """
 
 from __future__ import annotations
@@ -59,6 +68,7 @@ NODE_NAME_LABEL = "nfd.node.kubernetes.io/node-name"
 PREFIX = "toposlice.dev"
 FEATURE_SET = "toposlice.topology"
 MANAGED_BY = "toposlice"
+RULE_NAME = "toposlice-topology-labels"
 
 #: PCIe relation classes, closest first (``nvidia-smi topo -m`` legend).
 ALIGNMENT_ORDER = ("PIX", "PXB", "PHB", "NODE", "SYS")
@@ -165,8 +175,40 @@ def build_node_feature(inv: Inventory, node_name: str, namespace: str) -> dict[s
             "labels": {NODE_NAME_LABEL: node_name, "app.kubernetes.io/managed-by": MANAGED_BY},
         },
         "spec": {
-            "features": {"attributes": {FEATURE_SET: {"elements": dict(labels)}}},
+            "features": {
+                "attributes": {FEATURE_SET: {"elements": dict(labels)}},
+                "flags": {},
+                "instances": {},
+            },
             "labels": {f"{PREFIX}/{k}": v for k, v in labels.items()},
+        },
+    }
+
+
+def build_node_feature_rule(name: str = RULE_NAME) -> dict[str, Any]:
+    """The NodeFeatureRule that turns every element of the ``toposlice.topology`` feature
+    set into the ``toposlice.dev/<element>`` label, for NFD masters that drop NodeFeature
+    labels (``denyNodeFeatureLabels``). One rule for the whole cluster: NFD evaluates it per
+    node against that node's features. The template writes only what the node's NodeFeature
+    says, so the labels are the same as in the default mode."""
+    domain, feature = FEATURE_SET.split(".", 1)
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "NodeFeatureRule",
+        "metadata": {"name": name, "labels": {"app.kubernetes.io/managed-by": MANAGED_BY}},
+        "spec": {
+            "rules": [
+                {
+                    "name": "toposlice topology labels",
+                    "matchFeatures": [
+                        {"feature": FEATURE_SET, "matchName": {"op": "InRegexp", "value": ["."]}}
+                    ],
+                    "labelsTemplate": (
+                        f"{{{{ range .{domain}.{feature} }}}}{PREFIX}/{{{{ .Name }}}}"
+                        "={{ .Value }}\n{{ end }}"
+                    ),
+                }
+            ]
         },
     }
 

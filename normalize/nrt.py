@@ -5,27 +5,31 @@ one per node (cluster scoped, named after the node), one zone per NUMA node that
 memory or devices (the empty placeholder nodes of GB200-like hosts are left out), each
 with:
 
-- resources ``cpu`` (logical CPUs), ``memory`` (bytes), and ``<driver>/gpu`` and
-  ``<driver>/nic`` (devices whose kernel NUMA node is the zone; SR-IOV VFs are not
-  counted: they follow their PF). Capacity, allocatable and available are equal: DRA
-  allocations live in ResourceClaims, not here, so a claim never rewrites the object;
+- resources ``cpu`` (logical CPUs) and ``memory`` (bytes). Capacity, allocatable and
+  available are equal: the plugin compares them with containers' requests, and its
+  cached mode subtracts the pods it placed itself. GPUs and NICs are not zone resources:
+  they are DRA devices, never a container's request, so the plugin could only refuse a
+  pod asking for them ("Insufficient") or ignore them; their NUMA node is the devices'
+  ``numaNode`` attribute in the ResourceSlices, where DRA's allocator reads it;
 - costs: the SLIT distance to every other zone (the kernel's ``distance`` file);
 - attributes: ``memory-of-gpu`` on a GPU's own memory node (GB200, MI300A-like hosts).
 
 Object attributes carry the kubelet's Topology Manager policy and scope
 (``topologyManagerPolicy`` / ``topologyManagerScope``, the names NFD's topology updater
-uses) when given; the deprecated ``topologyPolicies`` list is filled from them too, for
-readers of older versions of the API. Pure function: no I/O.
+uses) when given, and the pods fingerprint (normalize/pod_fingerprint.py) when given, which
+the plugin's cached mode needs. The deprecated ``topologyPolicies`` list is written only
+when asked for (``topology_policies``), for readers of older versions of the API: the
+plugin logs two deprecation lines per node and Filter call when it is there. Pure
+function: no I/O.
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from typing import Any
 
-from discovery.model import Gpu, Inventory
+from discovery.model import Inventory
 
-from .cpugroups import device_numa
+from .pod_fingerprint import ATTRIBUTE as FINGERPRINT_ATTRIBUTE
 
 API_VERSION = "topology.node.k8s.io/v1alpha2"
 KIND = "NodeResourceTopology"
@@ -58,28 +62,6 @@ def topology_policy(policy: str, scope: str) -> str:
     return f"{_POLICY_WORDS[policy]}{level}"
 
 
-def _gpu_numa(inv: Inventory, gpu: Gpu) -> int | None:
-    pci = inv.pci(gpu.bus_id)
-    return None if pci is None else device_numa(pci)
-
-
-def device_counts(inv: Inventory) -> dict[int, Counter[str]]:
-    """NUMA node -> {"gpu": n, "nic": m}; devices of unknown NUMA node are left out."""
-    out: dict[int, Counter[str]] = {}
-    for gpu in inv.gpus:
-        numa = _gpu_numa(inv, gpu)
-        if numa is not None:
-            out.setdefault(numa, Counter())["gpu"] += 1
-    for nic in inv.nics:
-        if nic.is_vf:
-            continue
-        pci = inv.pci(nic.bus_id)
-        numa = None if pci is None else device_numa(pci)
-        if numa is not None:
-            out.setdefault(numa, Counter())["nic"] += 1
-    return out
-
-
 def _resource(name: str, amount: int) -> dict[str, Any]:
     text = str(amount)
     return {"name": name, "capacity": text, "allocatable": text, "available": text}
@@ -89,9 +71,10 @@ def build_nrt(
     inv: Inventory,
     node_name: str,
     *,
-    driver: str = "toposlice.dev",
     policy: str | None = None,
     scope: str | None = None,
+    pods_fingerprint: str | None = None,
+    topology_policies: bool = False,
 ) -> dict[str, Any]:
     """The NodeResourceTopology object for ``node_name`` (no ownerReferences: the writer
     adds the Node's UID)."""
@@ -99,23 +82,14 @@ def build_nrt(
         raise ValueError(f"topology manager policy {policy!r}: want one of {', '.join(POLICIES)}")
     if scope is not None and scope not in SCOPES:
         raise ValueError(f"topology manager scope {scope!r}: want one of {', '.join(SCOPES)}")
-    counts = device_counts(inv)
     memory_of = {g.memory_numa_node: g.bus_id for g in inv.gpus if g.memory_numa_node is not None}
-    kept = [
-        n
-        for n in sorted(inv.numa_nodes, key=lambda n: n.id)
-        if n.cpus or n.memory_bytes or counts.get(n.id)
-    ]
+    kept = [n for n in sorted(inv.numa_nodes, key=lambda n: n.id) if n.cpus or n.memory_bytes]
     kept_ids = {n.id for n in kept}
     zones: list[dict[str, Any]] = []
     for node in kept:
         resources = [_resource("cpu", len(node.cpus))]
         if node.memory_bytes:
             resources.append(_resource("memory", node.memory_bytes))
-        for kind in ("gpu", "nic"):
-            n = counts.get(node.id, Counter())[kind]
-            if n:
-                resources.append(_resource(f"{driver}/{kind}", n))
         zone: dict[str, Any] = {
             "name": zone_name(node.id),
             "type": ZONE_TYPE,
@@ -145,8 +119,10 @@ def build_nrt(
         attributes.append({"name": "topologyManagerPolicy", "value": policy})
     if scope is not None:
         attributes.append({"name": "topologyManagerScope", "value": scope})
+    if pods_fingerprint is not None:
+        attributes.append({"name": FINGERPRINT_ATTRIBUTE, "value": pods_fingerprint})
     if attributes:
         obj["attributes"] = attributes
-    if policy is not None:
+    if policy is not None and topology_policies:
         obj["topologyPolicies"] = [topology_policy(policy, scope or "container")]
     return obj

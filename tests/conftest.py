@@ -114,9 +114,8 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
 
 #: Markers of the tiers that start real Kubernetes binaries. A plain ``pytest`` leaves
 #: them out (they take minutes and need ``../shared/kube``); ``-m e2e`` / ``-m node`` /
-#: ``-m interop`` or a
-#: path inside their folders runs them.
-TIER_MARKERS = ("e2e", "node", "interop")
+#: ``-m interop`` / ``-m consumers`` or a path inside their folders runs them.
+TIER_MARKERS = ("e2e", "node", "interop", "consumers")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -41,7 +41,10 @@ CHART = REPO / "charts" / "toposlice"
 RELEASE, NAMESPACE = "toposlice", "toposlice"
 SA_USER = f"system:serviceaccount:{NAMESPACE}:toposlice"
 # Kinds of CRDs the chart may render; kubernetes-validate ships only built-in schemas.
-CRD_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor")}
+CRD_KINDS = {
+    ("monitoring.coreos.com/v1", "ServiceMonitor"),
+    ("nfd.k8s-sigs.io/v1alpha1", "NodeFeatureRule"),
+}
 
 ALL_OPTIONS: dict[str, Any] = {
     "serviceMonitor": {"enabled": True, "labels": {"release": "prometheus"}},
@@ -52,8 +55,13 @@ ALL_OPTIONS: dict[str, Any] = {
     "hostNetwork": True,
     "http": {"bindAddress": "::"},
     "integrations": {
-        "nrt": {"enabled": True, "installCRD": True, "topologyManagerPolicy": "restricted"},
-        "nodeFeature": {"enabled": True, "installCRD": True},
+        "nrt": {
+            "enabled": True,
+            "installCRD": True,
+            "topologyManagerPolicy": "restricted",
+            "topologyPolicies": True,
+        },
+        "nodeFeature": {"enabled": True, "installCRD": True, "rule": True},
     },
 }
 
@@ -554,7 +562,8 @@ def driver_sources() -> Iterator[Path]:
     for path in sorted((REPO / "driver").rglob("*.py")):
         # topology_objects.py builds its paths per kind, off by default: its calls are
         # recorded and compared with the optional grants in tests/test_topology_objects.py.
-        if path.name == "topology_objects.py":
+        # node_pods.py (the NRT's pods fingerprint) likewise: tests/test_topology_objects.py.
+        if path.name in ("topology_objects.py", "node_pods.py"):
             continue
         if "gen" not in path.relative_to(REPO / "driver").parts:
             yield path

@@ -8,6 +8,7 @@ import argparse
 import copy
 import dataclasses
 import json
+import logging
 import re
 import time
 from pathlib import Path
@@ -37,8 +38,10 @@ from normalize.node_feature import (
     label_safe,
     topology_labels,
 )
-from normalize.nrt import build_nrt, device_counts, topology_policy
+from normalize.nrt import build_nrt, topology_policy
 from normalize.options import NormalizeOptions
+from normalize.pod_fingerprint import ATTRIBUTE as FINGERPRINT
+from normalize.pod_fingerprint import sign
 from normalize.validation import is_dns_subdomain
 from tests.driver_support import snapshot
 from tests.kubelet import wait_for
@@ -89,19 +92,21 @@ def check_against(obj: dict[str, Any], schema: dict[str, Any]) -> None:
 @pytest.mark.parametrize("machine", MACHINES)
 def test_nrt_validates_and_matches_inventory(machine: str) -> None:
     inv = snapshot(machine).inventory
-    obj = build_nrt(inv, NODE, policy="single-numa-node", scope="pod")
+    fingerprint = sign([("default", "a")])
+    obj = build_nrt(inv, NODE, policy="single-numa-node", scope="pod", pods_fingerprint=fingerprint)
     check_against(obj, crd_schema("noderesourcetopologies.yaml", "v1alpha2"))
     assert obj["apiVersion"] == "topology.node.k8s.io/v1alpha2"
     assert obj["metadata"]["name"] == NODE
     zones = {z["name"]: z for z in obj["zones"]}
-    counts = device_counts(inv)
     for node in inv.numa_nodes:
         zone = zones.get(f"node-{node.id}")
-        if not (node.cpus or node.memory_bytes or counts.get(node.id)):
+        if not (node.cpus or node.memory_bytes):
             assert zone is None  # empty placeholder nodes are left out
             continue
         assert zone is not None and zone["type"] == "Node"
         res = {r["name"]: r for r in zone["resources"]}
+        # Only what a container requests: GPUs and NICs are DRA devices (slices' numaNode).
+        assert set(res) <= {"cpu", "memory"}
         assert res["cpu"]["capacity"] == str(len(node.cpus))
         if node.memory_bytes:
             assert int(res["memory"]["allocatable"]) == node.memory_bytes
@@ -109,25 +114,18 @@ def test_nrt_validates_and_matches_inventory(machine: str) -> None:
             assert r["capacity"] == r["allocatable"] == r["available"]
         costs = {c["name"]: c["value"] for c in zone.get("costs", [])}
         assert costs == {f"node-{k}": v for k, v in node.distances.items() if f"node-{k}" in zones}
-    gpus = sum(
-        int(r["capacity"])
-        for z in obj["zones"]
-        for r in z["resources"]
-        if r["name"].endswith("/gpu")
-    )
-    nics = sum(
-        int(r["capacity"])
-        for z in obj["zones"]
-        for r in z["resources"]
-        if r["name"].endswith("/nic")
-    )
-    located = [g for g in inv.gpus if (p := inv.pci(g.bus_id)) and p.numa_node is not None]
-    assert gpus == len(located)
-    assert nics == sum(1 for n in inv.nics if not n.is_vf)
     assert sum(int(z["resources"][0]["capacity"]) for z in obj["zones"]) == len(inv.cpus)
     attrs = {a["name"]: a["value"] for a in obj["attributes"]}
-    assert attrs == {"topologyManagerPolicy": "single-numa-node", "topologyManagerScope": "pod"}
-    assert obj["topologyPolicies"] == ["SingleNUMANodePodLevel"]
+    assert attrs == {
+        "topologyManagerPolicy": "single-numa-node",
+        "topologyManagerScope": "pod",
+        FINGERPRINT: fingerprint,
+    }
+    # The deprecated list only when asked for (the plugin logs twice per Filter call on it).
+    assert "topologyPolicies" not in obj
+    asked = build_nrt(inv, NODE, policy="single-numa-node", scope="pod", topology_policies=True)
+    assert asked["topologyPolicies"] == ["SingleNUMANodePodLevel"]
+    check_against(asked, crd_schema("noderesourcetopologies.yaml", "v1alpha2"))
 
 
 def test_nrt_gpu_memory_zones_on_gb200() -> None:
@@ -143,13 +141,17 @@ def test_nrt_gpu_memory_zones_on_gb200() -> None:
     assert "attributes" not in obj and "topologyPolicies" not in obj
 
 
-def test_nrt_gpu_lost_changes_one_zone() -> None:
+def test_nrt_leaves_devices_to_the_slices_and_follows_cpus() -> None:
     inv = Inventory.from_dict(snapshot("dgx-h100").inventory.to_dict())
     before = build_nrt(inv, NODE)
     inv.gpus = inv.gpus[1:]
+    inv.nics = inv.nics[1:]
+    assert build_nrt(inv, NODE) == before  # devices are not zone resources
+    node = inv.numa_nodes[0]
+    node.cpus = node.cpus[1:]
     after = build_nrt(inv, NODE)
     changed = [a["name"] for a, b in zip(before["zones"], after["zones"], strict=True) if a != b]
-    assert len(changed) == 1
+    assert changed == [f"node-{node.id}"]
 
 
 def test_nrt_rejects_unknown_policy() -> None:
@@ -353,9 +355,11 @@ def _writer(kind: Any) -> TopologyObjectWriter:
 def test_writer_zero_writes_in_steady_state_one_per_change(api: FakeApi, kind: Any) -> None:
     inv = Inventory.from_dict(snapshot("dgx-h100").inventory.to_dict())
 
+    pods: list[tuple[str, str]] = []
+
     def desired() -> dict[str, Any]:
         if kind is NRT_KIND:
-            return build_nrt(inv, NODE)
+            return build_nrt(inv, NODE, pods_fingerprint=sign(pods))
         return build_node_feature(inv, NODE, "toposlice")
 
     w = _writer(kind)
@@ -373,8 +377,9 @@ def test_writer_zero_writes_in_steady_state_one_per_change(api: FakeApi, kind: A
     w2 = _writer(kind)
     w2.set_desired(desired())
     assert w2.reconcile() == 0 and api.writes() == 1
-    # A GPU lost: exactly one write.
+    # A GPU lost (NodeFeature) or a pod started (the NRT's fingerprint): exactly one write.
     inv.gpus = inv.gpus[1:]
+    pods.append(("default", "started"))
     assert w.set_desired(desired()) is True
     assert w.reconcile() == 1 and api.writes() == 2
     assert w.reconcile() == 0 and api.writes() == 2
@@ -411,8 +416,7 @@ def test_writer_conflict_rereads_and_missing_crd_says_so(api: FakeApi) -> None:
     inv = Inventory.from_dict(snapshot("dgx-h100").inventory.to_dict())
     w.set_desired(build_nrt(inv, NODE))
     w.reconcile()
-    inv.gpus = inv.gpus[2:]
-    w.set_desired(build_nrt(inv, NODE))
+    w.set_desired(build_nrt(inv, NODE, pods_fingerprint=sign([("default", "p")])))
     api.conflicts = 1
     assert w.reconcile() == 1
     assert [m for m, _ in api.requests].count("PUT") == 2
@@ -484,8 +488,13 @@ def test_chart_grants_exactly_the_writers_calls(api: FakeApi, kind: Any) -> None
     chart = pytest.importorskip("tests.test_chart")
     inv = Inventory.from_dict(snapshot("dgx-h100").inventory.to_dict())
     w = _writer(kind)
-    for _ in range(2):  # create, steady state, a change (update), a deletion (create)
-        obj = build_nrt(inv, NODE) if kind is NRT_KIND else build_node_feature(inv, NODE, "ns")
+    for i in range(2):  # create, steady state, a change (update), a deletion (create)
+        fingerprint = sign([("default", f"pod-{n}") for n in range(i)])
+        obj = (
+            build_nrt(inv, NODE, pods_fingerprint=fingerprint)
+            if kind is NRT_KIND
+            else build_node_feature(inv, NODE, "ns")
+        )
         w.set_desired(obj)
         w.reconcile()
         w.reconcile()
@@ -678,7 +687,10 @@ def test_daemon_keeps_both_objects_and_rewrites_them_once_per_change(
     nothing, and a rediscovery that lost a GPU writes each object once."""
     from driver.daemon import Daemon
 
-    cfg = _config(["--nrt", "--node-feature", "--node-feature-namespace", "ns"], tmp_path)
+    cfg = _config(
+        ["--nrt", "--no-nrt-pods-fingerprint", "--node-feature", "--node-feature-namespace", "ns"],
+        tmp_path,
+    )
     cfg = dataclasses.replace(cfg, resync_interval=0.05)
     inv = Inventory.from_dict(snapshot("dgx-h100").inventory.to_dict())
     current = [inv]
@@ -695,6 +707,7 @@ def test_daemon_keeps_both_objects_and_rewrites_them_once_per_change(
         assert api.writes() == 2
         lost = Inventory.from_dict(inv.to_dict())
         lost.gpus = lost.gpus[1:]
+        lost.numa_nodes[0].cpus = lost.numa_nodes[0].cpus[1:]  # and a CPU (the NRT's zones)
         current[0] = lost
         daemon.rediscover()
         assert wait_for(lambda: api.writes() == 4, 5.0)
@@ -709,3 +722,69 @@ def test_daemon_keeps_both_objects_and_rewrites_them_once_per_change(
     finally:
         for w in daemon.topology_writers:
             w.stop()
+
+
+# -- NFD: the older strict schema, deny mode's rule -----------------------------------------
+
+
+@pytest.mark.parametrize("machine", MACHINES)
+def test_node_feature_suits_the_strict_schema_too(machine: str) -> None:
+    """NFD <= v0.12 (and the fork some distributions ship) require all three feature kinds;
+    an object without flags/instances is refused there with HTTP 422."""
+    features = build_node_feature(snapshot(machine).inventory, NODE, "ns")["spec"]["features"]
+    assert set(features) == {"attributes", "flags", "instances"}
+    assert features["flags"] == {} and features["instances"] == {}
+
+
+def test_chart_ships_the_deny_mode_rule_as_built() -> None:
+    chart = pytest.importorskip("tests.test_chart")
+    from normalize.node_feature import build_node_feature_rule
+
+    rule = chart.one(chart.render(chart.ALL_OPTIONS), "NodeFeatureRule")
+    assert rule == build_node_feature_rule()
+    # Its template names every label the NodeFeature carries, prefixed (the deny mode's
+    # labels are the default mode's).
+    (r,) = rule["spec"]["rules"]
+    assert r["labelsTemplate"].startswith("{{ range .toposlice.topology }}toposlice.dev/")
+    assert not [o for o in chart.render(None) if o["kind"] == "NodeFeatureRule"]
+    only_nrt = {"integrations": {"nodeFeature": {"enabled": False, "rule": True}}}
+    assert not [o for o in chart.render(only_nrt) if o["kind"] == "NodeFeatureRule"]
+
+
+def test_chart_grants_the_pods_watch_exactly_with_the_fingerprint() -> None:
+    chart = pytest.importorskip("tests.test_chart")
+    root = Path(__file__).resolve().parent.parent
+    calls = chart.api_calls(iter([root / "driver" / "node_pods.py"]))
+    assert calls == {("", "pods", "list"), ("", "pods", "watch")}
+
+    def pods_granted(values: dict[str, Any] | None) -> set[tuple[str, str, str]]:
+        return {c for c in chart.granted(chart.render(values)) if c[1] == "pods"}
+
+    assert pods_granted(chart.ALL_OPTIONS) == calls
+    assert pods_granted(None) == set()
+    off = copy.deepcopy(chart.ALL_OPTIONS)
+    off["integrations"]["nrt"]["podsFingerprint"] = False
+    assert pods_granted(off) == set()
+    args = chart.node_plugin(chart.render(off))["containers"][0]["args"]
+    assert "--no-nrt-pods-fingerprint" in args
+    args = chart.node_plugin(chart.render(chart.ALL_OPTIONS))["containers"][0]["args"]
+    assert "--no-nrt-pods-fingerprint" not in args and "--nrt-topology-policies" in args
+
+
+def test_daemon_warns_when_the_nrt_has_no_policy(
+    api: FakeApi, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The NodeResourceTopology plugin refuses a node whose object has no policy ("invalid
+    node topology data", measured in tests/consumers): say so at start, once."""
+    from driver.daemon import Daemon
+
+    for extra, warned in (([], True), (["--topology-manager-policy", "restricted"], False)):
+        caplog.clear()
+        cfg = _config(["--nrt", "--no-nrt-pods-fingerprint", *extra], tmp_path)
+        daemon = Daemon(cfg, lambda: snapshot("cpu-2s").inventory, api_client=object())  # type: ignore[arg-type]
+        with caplog.at_level(logging.WARNING, logger="toposlice.daemon"):
+            daemon._start_topology_objects()
+        for w in daemon.topology_writers:
+            w.stop()
+        said = [r for r in caplog.records if "--topology-manager-policy" in r.getMessage()]
+        assert len(said) == (1 if warned else 0)

@@ -6,7 +6,9 @@ stored unchanged (nothing pruned). Then ``toposlice run --nrt --node-feature`` r
 chart's ServiceAccount (chart RBAC with ``integrations.*.enabled``, token bound to a Pod on
 its node) over a saved DGX H100 inventory that it re-reads every second: in steady state
 the API server counts no write to either resource; once a GPU is gone from the inventory
-it counts exactly one write (PUT) to each.
+it counts exactly one write (PUT) to the NodeFeature and none to the NRT (devices are not
+NRT zone resources); once a pod on the node is Running, one write to the NRT (its pods
+fingerprint, from the driver's watch of the node's pods) and none to the NodeFeature.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from discovery.model import Inventory
 from normalize.node_feature import build_node_feature
 from normalize.nrt import build_nrt
+from normalize.pod_fingerprint import ATTRIBUTE as FINGERPRINT
+from normalize.pod_fingerprint import sign
 from tests.driver_support import snapshot
 from tests.e2e.cluster import Cluster, poll
 from tests.e2e.toposlice_setup import NAMESPACE, NodeDriver, chart_objects, remove_node_and_slices
@@ -169,7 +173,7 @@ def test_objects_are_accepted_unchanged(cluster: Cluster, crds: None, machine: s
         cluster.kubectl("delete", "namespace", ns, "--ignore-not-found", "--timeout=120s")
 
 
-def test_steady_state_writes_nothing_and_a_lost_gpu_writes_once_each(
+def test_steady_state_writes_nothing_and_each_change_writes_its_object_once(
     cluster: Cluster, release: list[dict[str, Any]], tmp_path: Path
 ) -> None:
     inv = snapshot("dgx-h100").inventory
@@ -190,8 +194,9 @@ def test_steady_state_writes_nothing_and_a_lost_gpu_writes_once_each(
         poll(lambda: all(objects()), 30, 0.2, "NRT and NodeFeature written")
         nrt, nf = objects()
         assert nrt is not None and nf is not None
-        want_nrt = build_nrt(inv, NODE, policy="single-numa-node")
+        want_nrt = build_nrt(inv, NODE, policy="single-numa-node", pods_fingerprint=sign([]))
         assert nrt["zones"] == want_nrt["zones"] and nrt["attributes"] == want_nrt["attributes"]
+        assert "topologyPolicies" not in nrt  # deprecated: only with --nrt-topology-policies
         assert nf["spec"] == build_node_feature(inv, NODE, NAMESPACE)["spec"]
         node_uid = json.loads(cluster.kubectl("get", "node", NODE, "-o", "json"))["metadata"]["uid"]
         for obj in (nrt, nf):
@@ -218,16 +223,61 @@ def test_steady_state_writes_nothing_and_a_lost_gpu_writes_once_each(
             return bool(
                 nrt3
                 and nf3
-                and nrt3["zones"] == build_nrt(lost, NODE)["zones"]
+                and nrt3["zones"] == build_nrt(inv, NODE)["zones"]
                 and nf3["spec"]["labels"].get("toposlice.dev/gpu.count") == "7"
             )
 
         poll(caught_up, 30, 0.2, "objects show 7 GPUs")
         time.sleep(4)  # and nothing more after it
         after = server_writes(cluster)
-        assert {k: after[k] - before[k] for k in RESOURCES} == {k: 1.0 for k in RESOURCES}
+        assert {k: after[k] - before[k] for k in RESOURCES} == {
+            "noderesourcetopologies": 0.0,
+            "nodefeatures": 1.0,
+        }
+
+        # A pod bound to the node turns Running (the harness stands in for the kubelet):
+        # the NRT's fingerprint follows, one write; the pod leaving, one more.
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "e2e-nrt-pod", "namespace": "default"},
+            "spec": {
+                "nodeName": NODE,
+                "tolerations": [{"operator": "Exists"}],
+                "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10.2"}],
+            },
+        }
+        cluster.kubectl("create", "-f", "-", input=json.dumps(pod))
+        time.sleep(2)  # Pending: not counted, no write
+        assert server_writes(cluster)["noderesourcetopologies"] == after["noderesourcetopologies"]
+        status = {"status": {"phase": "Running"}}
+        cluster.kubectl(
+            "patch", "pod", "e2e-nrt-pod", "-n", "default", "--subresource=status",
+            "--type=merge", "-p", json.dumps(status),
+        )  # fmt: skip
+
+        def fingerprint() -> str | None:
+            nrt4 = _get(cluster, "noderesourcetopology", NODE) or {}
+            attrs = {a["name"]: a["value"] for a in nrt4.get("attributes") or []}
+            return attrs.get(FINGERPRINT)
+
+        poll(lambda: fingerprint() == sign([("default", "e2e-nrt-pod")]), 30, 0.2, "pod signed")
+        cluster.kubectl(
+            "delete", "pod", "e2e-nrt-pod", "-n", "default", "--force", "--grace-period=0"
+        )
+        poll(lambda: fingerprint() == sign([]), 30, 0.2, "pod gone from the fingerprint")
+        time.sleep(2)
+        final = server_writes(cluster)
+        assert {k: final[k] - after[k] for k in RESOURCES} == {
+            "noderesourcetopologies": 2.0,
+            "nodefeatures": 0.0,
+        }
     finally:
         driver.cleanup()
+        cluster.kubectl(
+            "delete", "pod", "e2e-nrt-pod", "-n", "default", "--force", "--grace-period=0",
+            "--ignore-not-found",
+        )  # fmt: skip
         cluster.kubectl("delete", "noderesourcetopology", NODE, "--ignore-not-found")
         cluster.kubectl("-n", NAMESPACE, "delete", "nodefeature", nf_name, "--ignore-not-found")
         remove_node_and_slices(cluster, NODE)
