@@ -43,7 +43,7 @@ MODES = ("sync-pool", "aio-inline", "aio-thread")
 
 
 def _handler(work_s: float, io_s: float) -> Any:
-    from driver.gen import dra_v1_pb2
+    from driver.plumbing.gen import dra_v1_pb2
 
     def prepare(request: Any) -> Any:
         end = time.perf_counter() + work_s
@@ -62,7 +62,7 @@ def _handler(work_s: float, io_s: float) -> Any:
 def serve(mode: str, path: str, work_s: float, io_s: float, ready: Any) -> None:
     import grpc
 
-    from driver.gen import dra_v1_pb2
+    from driver.plumbing.gen import dra_v1_pb2
 
     prepare = _handler(work_s, io_s)
     kwargs = {
@@ -126,7 +126,7 @@ def main() -> int:
     args = ap.parse_args()
     import grpc
 
-    from driver.gen import dra_v1_pb2
+    from driver.plumbing.gen import dra_v1_pb2
 
     ctx = multiprocessing.get_context("spawn")
     procs = []

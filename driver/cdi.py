@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from .atomic import write_atomic
+from driver.plumbing.atomic import write_atomic
 
 CLASS = "claim"
 

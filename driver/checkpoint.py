@@ -24,9 +24,9 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
-from .atomic import write_atomic
+from driver.plumbing.atomic import write_atomic
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("driver.checkpoint")
 
 CHECKPOINT_VERSION = 1
 ClaimState = Literal["PrepareStarted", "PrepareCompleted"]

@@ -15,8 +15,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from .interfaces import ClaimNotFound
-from .kube import failure, request_json
+from driver.interfaces import ClaimNotFound
+from driver.plumbing.kube import failure, request_json
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient

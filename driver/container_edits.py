@@ -23,8 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from discovery.model import Gpu, Inventory, Nic
-
-from .cdi import ContainerEdits
+from driver.cdi import ContainerEdits
 
 NVIDIA_CONTROL_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 AMD_KFD = "/dev/kfd"

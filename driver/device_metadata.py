@@ -37,11 +37,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from . import cdi
-from .atomic import TEMP_SUFFIX, remove_quiet, write_atomic
-from .checkpoint import ClaimRecord, PreparedDevice
+from driver import cdi
+from driver.checkpoint import ClaimRecord, PreparedDevice
+from driver.plumbing.atomic import TEMP_SUFFIX, remove_quiet, write_atomic
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("driver.device_metadata")
 
 GROUP = "metadata.resource.k8s.io"
 VERSIONS = ("v1alpha1", "v1beta1")

@@ -11,12 +11,11 @@ from pathlib import Path
 
 import grpc
 
+from driver.health_service import HEALTH_SERVICE_VERSIONS, HealthService, add_health_service
+from driver.interfaces import HealthFeed
+from driver.node_service import NODE_SERVICE_VERSIONS, ClaimState, add_node_service
+from driver.sockets import SocketServer, serve_unix
 from normalize.snapshot import Snapshot
-
-from .health_service import HEALTH_SERVICE_VERSIONS, HealthService, add_health_service
-from .interfaces import HealthFeed
-from .node_service import NODE_SERVICE_VERSIONS, ClaimState, add_node_service
-from .sockets import SocketServer, serve_unix
 
 DRA_SOCKET = "dra.sock"
 

@@ -25,9 +25,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from driver.interfaces import DeviceHealth
 from normalize.snapshot import Snapshot
-
-from .interfaces import DeviceHealth
 
 Taint = dict[str, str]
 

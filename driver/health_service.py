@@ -16,15 +16,14 @@ from typing import Any
 
 import grpc
 
-from normalize.snapshot import Snapshot
-
-from .gen import (
+from driver.interfaces import DeviceHealth, HealthFeed
+from driver.plumbing.gen import (
     drahealth_v1_pb2,
     drahealth_v1_pb2_grpc,
     drahealth_v1alpha1_pb2,
     drahealth_v1alpha1_pb2_grpc,
 )
-from .interfaces import DeviceHealth, HealthFeed
+from normalize.snapshot import Snapshot
 
 #: Registration strings; the gRPC service name *is* the registration string here.
 HEALTH_SERVICE_VERSIONS = ("v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth")

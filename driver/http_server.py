@@ -27,7 +27,7 @@ daemon never calls :meth:`HttpServer.publish`, a one-second timer notices a new
 health too and is re-rendered when those change.
 
 Connections, limits and framing are the project's one HTTP stack
-(driver/http_transport.py, shared with the scorer's extender): ~20 µs of Python per
+(driver/plumbing/http_transport.py, shared with the scorer's extender): ~20 µs of Python per
 request, so the GIL held by a discovery running in another thread, not the server, sets
 the tail latency (see docs/exporter.md).
 """
@@ -49,16 +49,15 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from discovery.model import Inventory
+from driver.interfaces import DeviceHealth, ExporterView
+from driver.links import degraded_link_warnings
+from driver.metrics import DeviceInfo, DriverMetrics
+from driver.page import Mark, render_page
+from driver.plumbing.http_transport import HttpTransport, Limits, Request, parse_addr
 from normalize.crossdriver import NormalizationReport, empty_report, with_dra_identities
 from normalize.snapshot import Snapshot
 
-from .http_transport import HttpTransport, Limits, Request, parse_addr
-from .interfaces import DeviceHealth, ExporterView
-from .links import degraded_link_warnings
-from .metrics import DeviceInfo, DriverMetrics
-from .page import Mark, render_page
-
-log = logging.getLogger(__name__)
+log = logging.getLogger("driver.http_server")
 
 ROUTES = (
     "/",

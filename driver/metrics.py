@@ -39,9 +39,8 @@ from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from discovery.model import Inventory
+from driver.links import pcie_links
 from normalize.crossdriver import Neighbourhood
-
-from .links import pcie_links
 
 NAMESPACE = "toposlice"
 
@@ -308,7 +307,7 @@ class DriverMetrics:
             self.slice_errors.labels(op, error_class(error)).inc()
 
     def api_request(self, verb: str, resource: str) -> None:
-        """One request to the API server (driver/kube.py tells of each)."""
+        """One request to the API server (driver/plumbing/kube.py tells of each)."""
         self.api_requests.labels(self._verbs(verb), self._resources(resource)).inc()
 
     def discovery(

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from driver.observe import registered_drivers
 from normalize.crossdriver import (
     Neighbourhood,
     NormalizationReport,
@@ -26,8 +27,6 @@ from normalize.crossdriver import (
     normalization_report,
 )
 from normalize.snapshot import Snapshot
-
-from .observe import registered_drivers
 
 log = logging.getLogger("toposlice.neighbours")
 

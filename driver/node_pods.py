@@ -25,10 +25,9 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from driver.plumbing.informer import Informer
+from driver.plumbing.kube import collection_lister, server_url
 from normalize.pod_fingerprint import counted, sign
-
-from .informer import Informer
-from .kube import collection_lister, server_url
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient

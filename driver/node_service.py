@@ -14,11 +14,11 @@ from typing import Any, Protocol
 
 import grpc
 
-from .checkpoint import PreparedDevice
-from .gen import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
-from .state import ClaimRef, PrepareResult
+from driver.checkpoint import PreparedDevice
+from driver.plumbing.gen import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
+from driver.state import ClaimRef, PrepareResult
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("driver.node_service")
 
 #: Registration strings, preferred first (the kubelet takes the first it knows).
 NODE_SERVICE_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")

@@ -13,8 +13,7 @@ from typing import Any
 
 from discovery.nvml_codes import NVML_ERROR_CODES
 from discovery.readers import normalize_bdf
-
-from .health import HealthEvent, xid_event
+from driver.health import HealthEvent, xid_event
 
 log = logging.getLogger("toposlice.health")
 

@@ -25,13 +25,12 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from discovery.model import Inventory
-
-from .kube import request_json
+from driver.plumbing.kube import request_json
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("driver.nvml_gap")
 
 REASON = "NVMLUnavailable"
 PROBE = "nvidia"

@@ -22,7 +22,7 @@ import yaml
 from normalize.crossdriver import NormalizationReport, normalization_report, registered_driver
 from normalize.snapshot import Snapshot
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("driver.observe")
 
 PLUGINS_REGISTRY = "/var/lib/kubelet/plugins_registry"
 
@@ -43,7 +43,7 @@ def load_slice_files(paths: Iterable[str | Path]) -> list[dict[str, Any]]:
                 f"cannot read slices from {path}: not UTF-8 text (byte {exc.start})"
             ) from exc
         except yaml.YAMLError as exc:
-            from driver.config import yaml_error_line
+            from driver.plumbing.checks import yaml_error_line
 
             raise ValueError(f"cannot read slices from {path}: {yaml_error_line(exc)}") from exc
         for doc in docs:
@@ -88,8 +88,8 @@ def _ask_plugin_name(path: str, timeout: float = 1.0) -> str | None:
     try:
         import grpc
 
-        from .gen import pluginregistration_pb2 as pb
-        from .gen import pluginregistration_pb2_grpc as pb_grpc
+        from driver.plumbing.gen import pluginregistration_pb2 as pb
+        from driver.plumbing.gen import pluginregistration_pb2_grpc as pb_grpc
 
         with grpc.insecure_channel(f"unix://{path}") as channel:
             info = pb_grpc.RegistrationStub(channel).GetInfo(pb.InfoRequest(), timeout=timeout)

@@ -2,7 +2,7 @@
 
 One pool named after the node; every slice owned by the Node (so slices go with it) and
 named ``<index hex>-<driver>-<node>-<random>`` as the 1.36+ Go slice controller does. What
-the server holds of the slices on this node comes from a watch (driver/server_view.py: one
+the server holds of the slices on this node comes from a watch (driver/plumbing/server_view.py: one
 LIST with a field selector on the node, every driver's, so the neighbours are known
 without a request of their own (driver/neighbours.py), then a WATCH
 resumed from its resourceVersion, relisting only on ``410 Gone``), never from a LIST per
@@ -41,12 +41,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
+from driver.plumbing.kube import ApiFailure, collection_lister, failure, request_json, server_url
+from driver.plumbing.server_view import ServerView
+from driver.resync_loop import Restart, ResyncLoop, WriteError
 from normalize.options import MAX_DEVICES_PER_SLICE
 from normalize.slices import API_VERSION, KIND, slice_name_prefix, split_devices
-
-from .kube import ApiFailure, collection_lister, failure, request_json, server_url
-from .resync_loop import Restart, ResyncLoop, WriteError
-from .server_view import ServerView
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient

@@ -17,10 +17,10 @@ from typing import Any
 
 import grpc
 
-from .gen import pluginregistration_pb2, pluginregistration_pb2_grpc
-from .sockets import SocketServer, serve_unix
+from driver.plumbing.gen import pluginregistration_pb2, pluginregistration_pb2_grpc
+from driver.sockets import SocketServer, serve_unix
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("driver.registration")
 
 PLUGIN_TYPE = "DRAPlugin"
 

@@ -25,7 +25,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .kube import ApiFailure, NodeNotFound, get_node
+from driver.plumbing.kube import ApiFailure, NodeNotFound, get_node
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient

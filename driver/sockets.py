@@ -34,9 +34,9 @@ from pathlib import Path
 
 import grpc
 
-from .grpc_logging import LoggingInterceptor
+from driver.grpc_logging import LoggingInterceptor
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("driver.sockets")
 
 SOCKET_MODE = 0o660
 UNIX_PATH_MAX = 108

@@ -35,12 +35,8 @@ from xml.sax.saxutils import quoteattr
 
 from discovery.model import Gpu, Inventory, Nic
 from discovery.readers import normalize_bdf
-from normalize.attribute_names import PCI_BUS_ID
-from normalize.snapshot import Snapshot
-
-from . import cdi
-from .atomic import TEMP_SUFFIX, remove_quiet, write_atomic
-from .checkpoint import (
+from driver import cdi
+from driver.checkpoint import (
     ClaimRecord,
     LoadStatus,
     PreparedDevice,
@@ -48,7 +44,7 @@ from .checkpoint import (
     read_boot_id,
     save_checkpoint,
 )
-from .container_edits import (
+from driver.container_edits import (
     OMITTED_NODES_ANNOTATION,
     ClaimDevices,
     claim_edits,
@@ -57,12 +53,15 @@ from .container_edits import (
     gpu_edits,
     nic_edits,
 )
-from .device_metadata import MetadataWriter, group_requests
-from .interfaces import ClaimNotFound, ClaimReader
-from .nccl_topo import build_topology
-from .vendor_cdi import VendorCdi
+from driver.device_metadata import MetadataWriter, group_requests
+from driver.interfaces import ClaimNotFound, ClaimReader
+from driver.nccl_topo import build_topology
+from driver.plumbing.atomic import TEMP_SUFFIX, remove_quiet, write_atomic
+from driver.vendor_cdi import VendorCdi
+from normalize.attribute_names import PCI_BUS_ID
+from normalize.snapshot import Snapshot
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("driver.state")
 
 CHECKPOINT_FILE = "checkpoint.json"
 TOPO_DIR = "nccl"

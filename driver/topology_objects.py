@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from .kube import ApiFailure, failure, get_node, request_json
-from .resync_loop import Restart, ResyncLoop, WriteError
+from driver.plumbing.kube import ApiFailure, failure, get_node, request_json
+from driver.resync_loop import Restart, ResyncLoop, WriteError
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient

@@ -38,12 +38,11 @@ from pathlib import Path
 from typing import Any
 
 from discovery.model import Gpu, Inventory
+from driver import cdi
+from driver.checkpoint import PreparedDevice
+from driver.container_edits import amd_render_minor
 
-from . import cdi
-from .checkpoint import PreparedDevice
-from .container_edits import amd_render_minor
-
-log = logging.getLogger(__name__)
+log = logging.getLogger("driver.vendor_cdi")
 
 NVIDIA_KIND = "nvidia.com/gpu"
 AMD_KIND = "amd.com/gpu"

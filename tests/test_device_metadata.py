@@ -16,7 +16,7 @@ import pytest
 
 from driver import cdi
 from driver.checkpoint import ClaimRecord, load_checkpoint
-from driver.config import ConfigError, add_driver_args, load_config
+from driver.config import add_driver_args, load_config
 from driver.device_metadata import (
     CONTAINER_ROOT,
     POD_CLAIM_NAME_ANNOTATION,
@@ -26,6 +26,7 @@ from driver.device_metadata import (
     group_requests,
     metadata_object,
 )
+from driver.plumbing.checks import ConfigError
 from driver.state import ClaimRef, DriverState
 from normalize.options import NormalizeOptions
 from normalize.snapshot import Snapshot

@@ -216,8 +216,8 @@ def _registration_socket_is_asked(tmp_path: Path) -> None:
 
     import grpc
 
-    from driver.gen import pluginregistration_pb2 as pb
-    from driver.gen import pluginregistration_pb2_grpc as pb_grpc
+    from driver.plumbing.gen import pluginregistration_pb2 as pb
+    from driver.plumbing.gen import pluginregistration_pb2_grpc as pb_grpc
 
     class Registration(pb_grpc.RegistrationServicer):
         def GetInfo(self, request: pb.InfoRequest, context: grpc.ServicerContext) -> pb.PluginInfo:

@@ -15,7 +15,8 @@ import grpc
 import pytest
 
 from driver.dra_server import DraServer, start_dra_server
-from driver.gen import (
+from driver.interfaces import DeviceHealth
+from driver.plumbing.gen import (
     dra_v1_pb2,
     dra_v1_pb2_grpc,
     dra_v1beta1_pb2,
@@ -27,7 +28,6 @@ from driver.gen import (
     pluginregistration_pb2,
     pluginregistration_pb2_grpc,
 )
-from driver.interfaces import DeviceHealth
 from driver.registration import Registrar, start_registration
 from driver.sockets import SocketInUse
 from driver.state import DriverState

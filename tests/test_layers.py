@@ -27,7 +27,11 @@ FORBIDDEN: dict[str, set[str]] = {
 
 #: The driver/ modules scorer/ may use: the one HTTP stack and the API cache (and what
 #: they import); the kubelet plugin, publisher and exporter are not the scorer's business.
-SCORER_MAY_USE = {"driver.http_transport", "driver.informer", "driver.kube", "driver.config"}
+SCORER_MAY_USE = {
+    "driver.plumbing.http_transport",
+    "driver.plumbing.informer",
+    "driver.plumbing.kube",
+}
 
 #: plugins/ modules every probe may use; a probe importing any other plugins/ module
 #: (another probe) breaks the rule "probes never import each other".
@@ -52,7 +56,8 @@ def imports_of(path: Path) -> list[tuple[int, str]]:
 
 
 def _scorer_may_use(module: str) -> bool:
-    # ``from driver.informer import Informer`` is recorded as driver.informer.Informer too.
+    # ``from driver.plumbing.informer import Informer`` is recorded as
+    # driver.plumbing.informer.Informer too.
     return module in SCORER_MAY_USE or module.rsplit(".", 1)[0] in SCORER_MAY_USE
 
 

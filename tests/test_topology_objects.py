@@ -23,7 +23,8 @@ from kubernetes.client.exceptions import ApiException
 
 import driver.topology_objects as topo
 from discovery.model import Inventory
-from driver.config import ConfigError, add_driver_args, load_config
+from driver.config import add_driver_args, load_config
+from driver.plumbing.checks import ConfigError
 from driver.topology_objects import (
     NODE_FEATURE_KIND,
     NRT_KIND,

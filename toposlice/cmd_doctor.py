@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     if args.slices:
         slices = _slice_files(args.slices)
     else:
-        from driver.config import check_kubeconfig
+        from driver.plumbing.checks import check_kubeconfig
 
         check_kubeconfig(args.kubeconfig)
     inv = load_inventory(args)

@@ -14,7 +14,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from driver.logs import add_log_args, setup_from_args
+from driver.plumbing.logs import add_log_args, setup_from_args
 from toposlice.sources import (
     add_node_name_arg,
     add_normalize_args,
@@ -28,7 +28,7 @@ log = logging.getLogger("toposlice.serve")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from driver.flag_types import seconds
+    from driver.plumbing.flag_types import seconds
 
     add_source_args(p)
     add_normalize_args(p)
@@ -111,9 +111,9 @@ class ServeView:
 
 
 def run(args: argparse.Namespace) -> int:
-    from driver.config import parse_http_addr
     from driver.http_server import HttpServer
     from driver.metrics import DriverMetrics
+    from driver.plumbing.checks import parse_http_addr
     from toposlice.render import graph_to_dot
 
     # Bad flags exit 2 before anything binds (cli.main prints the ValueError in one line).
@@ -124,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
 
         load_slice_files(args.slices)  # unreadable or not YAML: ValueError naming the file
     elif args.observe and args.kubeconfig:
-        from driver.config import check_kubeconfig
+        from driver.plumbing.checks import check_kubeconfig
 
         check_kubeconfig(args.kubeconfig)
     setup_from_args(args)

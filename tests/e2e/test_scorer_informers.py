@@ -184,7 +184,7 @@ def test_a_watch_that_ends_resumes_from_its_resource_version(cluster: Cluster) -
     again from the last version it saw, and never lists again."""
     from kubernetes.client import CoreV1Api
 
-    from driver.informer import Informer
+    from driver.plumbing.informer import Informer
     from scorer.cluster_cache import node_info
 
     inf = Informer("Node", CoreV1Api(cluster.api_client()).list_node, node_info, watch_timeout_s=1)

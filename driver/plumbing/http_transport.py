@@ -34,7 +34,7 @@ from typing import Any, TypeVar
 
 import httptools
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("driver.http_transport")
 
 T = TypeVar("T")
 
@@ -77,8 +77,8 @@ class Request:
 
 def parse_addr(addr: str) -> tuple[str, int]:
     """``host:port``, ``:port`` (all interfaces) or ``[v6]:port``; ValueError when bad
-    (the wording every command uses: :func:`driver.config.parse_http_addr`)."""
-    from .config import parse_http_addr
+    (the wording every command uses: :func:`driver.plumbing.checks.parse_http_addr`)."""
+    from driver.plumbing.checks import parse_http_addr
 
     return parse_http_addr(addr)
 

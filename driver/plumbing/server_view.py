@@ -1,7 +1,7 @@
 """What the API server holds of the driver's own objects, learnt from a watch, so that a
 writer compares against it instead of listing on every resync.
 
-A :class:`ServerView` runs one :class:`~driver.informer.Informer` (one LIST, then a WATCH
+A :class:`ServerView` runs one :class:`~driver.plumbing.informer.Informer` (one LIST, then a WATCH
 resumed from its resourceVersion; the state again only on ``410 Gone``, by a streaming
 list where the server has them) over a collection
 narrowed by a field selector to this node's objects, and lays the answers to the writer's
@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .informer import Informer, object_key
+from driver.plumbing.informer import Informer, object_key
 
 Obj = dict[str, Any]
 
@@ -60,7 +60,7 @@ class ServerView:
     ) -> None:
         """``server``: the API server's URL, for the informer's check that a server which
         went away accepts connections again, and its settle, before it retries
-        (driver/informer.py)."""
+        (driver/plumbing/informer.py)."""
         self.on_change = on_change
         self.ttl_s = ttl_s
         self.clock = clock

@@ -57,7 +57,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
 from urllib.parse import urlsplit
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("driver.informer")
 
 T = TypeVar("T")
 
@@ -251,7 +251,7 @@ class Informer(Generic[T]):
                 log.info("informer %s: %s; LIST + WATCH from now on", self.name, exc)
                 continue
             except Exception as exc:
-                from .kube import failure
+                from driver.plumbing.kube import failure
 
                 if self._stop.is_set():
                     return

@@ -276,7 +276,7 @@ _LIST_PARAMS = {
 def collection_lister(client: ApiClient, path: str) -> Callable[..., Any]:
     """A list call of the collection at ``path`` with the typed client's keyword arguments
     (``field_selector``, ``limit``, ``_continue``, ``resource_version``, ``watch``, ...), for
-    driver/informer.py and ``kubernetes.watch``: it answers the raw urllib3 response
+    driver/plumbing/informer.py and ``kubernetes.watch``: it answers the raw urllib3 response
     (``.data``, or the event stream of a watch) and raises ``ApiException`` for non-2xx
     answers, as the typed calls do with ``_preload_content=False``. The driver lists and
     watches its own objects this way without importing the typed API classes (see the
