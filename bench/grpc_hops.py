@@ -8,7 +8,7 @@ This measures, with nothing else changed, one unary DRA call over a unix socket 
 Python gRPC client (as bench/kube_api.py's kubelet), for three servers, each in a process
 of its own, taking turns call by call under the same load:
 
-  sync-pool    grpc.server + ThreadPoolExecutor(16) (driver/sockets.py)
+  sync-pool    grpc.server + ThreadPoolExecutor(16) (driver/kubelet/sockets.py)
   aio-inline   grpc.aio.server, the (blocking) handler run on the loop thread
   aio-thread   grpc.aio.server, the handler run in a thread through run_in_executor
                (what an aio server needs to keep serving while a prepare blocks)

@@ -249,7 +249,7 @@ def parse_publish(text: str) -> frozenset[str]:
 
 
 def parse_metadata_versions(text: str | None) -> tuple[str, ...]:
-    from driver.device_metadata import DEFAULT_VERSIONS, check_versions
+    from driver.kubelet.device_metadata import DEFAULT_VERSIONS, check_versions
 
     if text is None:
         return DEFAULT_VERSIONS
@@ -323,7 +323,7 @@ def load_config(
 
 def parse_cdi_spec_dirs(text: str | None, cdi_root: str) -> tuple[str, ...]:
     """``--cdi-spec-dirs`` (None: the defaults) with ``--cdi-root`` added, absolute."""
-    from driver.vendor_cdi import spec_dirs
+    from discovery.vendor_cdi import spec_dirs
 
     given = None if text is None else [d.strip() for d in text.split(",") if d.strip()]
     return spec_dirs(given, cdi_root)

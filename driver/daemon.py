@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from discovery.model import Inventory
 from driver.config import DaemonConfig
-from driver.health import EventSource, HealthMonitor, LinkState, sysfs_link_reader
+from driver.health.monitor import EventSource, HealthMonitor, LinkState, sysfs_link_reader
 from driver.interfaces import DeviceHealth, DriverStatus
 from driver.plumbing.kube import (
     KubeConfigError,
@@ -56,15 +56,15 @@ from normalize.snapshot import Snapshot, build_snapshot
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
 
-    from driver.dra_server import DraServer
+    from driver.kubelet.dra_server import DraServer
+    from driver.kubelet.registration import Registrar
+    from driver.kubelet.state import DriverState
+    from driver.kubelet.vendor_cdi import VendorCdi
     from driver.neighbours import NeighbourWatch
     from driver.node_pods import NodePods
     from driver.plumbing.hotplug import Debouncer, UdevWatcher
     from driver.publisher import SlicePublisher
-    from driver.registration import Registrar
-    from driver.state import DriverState
     from driver.topology_objects import TopologyObjectWriter
-    from driver.vendor_cdi import VendorCdi
     from normalize.crossdriver import Neighbourhood, NormalizationReport
 
 log = logging.getLogger("toposlice.daemon")
@@ -141,7 +141,7 @@ class ClaimReaderWhenConnected:
         self._reader: Any = None
 
     def connect(self, client: ApiClient) -> None:
-        from driver.claims import KubeClaimReader
+        from driver.kubelet.claims import KubeClaimReader
 
         self._reader = KubeClaimReader(client)
         self._ready.set()
@@ -206,9 +206,9 @@ class Daemon:
         self._stopped = False
         self.last_discovery_error = ""
         self.nvml_gap = ""
-        """Why NVIDIA GPUs are published without NVML (driver/nvml_gap.py); empty if not."""
+        """Why NVIDIA GPUs are published without NVML (driver/health/nvml_gap.py); empty if not."""
         self.vendor_cdi_gap = ""
-        """Why GPUs get no vendor CDI device (driver/vendor_cdi.py); empty if not."""
+        """Why GPUs get no vendor CDI device (discovery/vendor_cdi.py); empty if not."""
         self.neighbour_report: NormalizationReport | None = None
         """The other drivers' devices matched to the hardware, as last read."""
         self.neighbours: NeighbourWatch | None = None
@@ -313,9 +313,9 @@ class Daemon:
                 delay = min(delay * 2, 5.0)
 
     def start(self) -> None:
-        from driver.dra_server import start_dra_server
-        from driver.registration import start_registration
-        from driver.state import TOPO_DIR, DriverState
+        from driver.kubelet.dra_server import start_dra_server
+        from driver.kubelet.registration import start_registration
+        from driver.kubelet.state import TOPO_DIR, DriverState
 
         cfg = self.cfg
         try:
@@ -334,7 +334,7 @@ class Daemon:
                 cfg.registrar_dir,
             )
         )
-        from driver.device_metadata import MetadataWriter
+        from driver.kubelet.device_metadata import MetadataWriter
 
         try:
             metadata = MetadataWriter(
@@ -618,8 +618,8 @@ class Daemon:
 
     def _check_nvml(self, inv: Inventory) -> None:
         """NVIDIA GPUs without NVML: metric, log, readiness detail and a Node Event, once
-        per distinct reason (driver/nvml_gap.py)."""
-        from driver.nvml_gap import REASON, missing_gpus, nvml_gap
+        per distinct reason (driver/health/nvml_gap.py)."""
+        from driver.health.nvml_gap import REASON, missing_gpus, nvml_gap
 
         if self.metrics is not None:
             self.metrics.nvml_missing_gpus.set(missing_gpus(inv))
@@ -634,8 +634,9 @@ class Daemon:
         self._post_node_event(gap, REASON)
 
     def _vendor_cdi(self) -> VendorCdi:
-        from driver import cdi
-        from driver.vendor_cdi import VendorCdi, spec_dirs
+        from discovery.vendor_cdi import spec_dirs
+        from driver.kubelet import cdi
+        from driver.kubelet.vendor_cdi import VendorCdi
 
         cfg = self.cfg
         # toposlice's own spec files (one per claim, and the device metadata specs
@@ -654,7 +655,7 @@ class Daemon:
         state = self.state
         if state is None or state.vendor_cdi is None:
             return
-        from driver.vendor_cdi import EVENT_REASON
+        from driver.kubelet.vendor_cdi import EVENT_REASON
 
         gap = state.vendor_cdi.gap(self._own_gpus(inv))
         if self.metrics is not None:
@@ -683,7 +684,7 @@ class Daemon:
 
     def _post_node_event(self, message: str, reason: str, kind: str = "Warning") -> None:
         """An Event on the Node, in a thread of its own (the API may be slow)."""
-        from driver.nvml_gap import post_node_event
+        from driver.health.nvml_gap import post_node_event
 
         client = self.client
         if client is None:

@@ -553,7 +553,7 @@ _GROUP = {
     "resourceclaims": "resource.k8s.io",
     "resourceclaimtemplates": "resource.k8s.io",
     "nodes": "",
-    # The Node Events of driver/nvml_gap.py (the fake GPUs have no vendor CDI spec).
+    # The Node Events of driver/health/nvml_gap.py (the fake GPUs have no vendor CDI spec).
     "events": "",
 }
 

@@ -241,7 +241,7 @@ def _registration_socket_is_asked(tmp_path: Path) -> None:
 def test_doctor_reports_gpus_without_a_vendor_cdi_device(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The node's vendor CDI gap (driver/vendor_cdi.py), one warning per GPU whose kernel
+    """The node's vendor CDI gap (discovery/vendor_cdi.py), one warning per GPU whose kernel
     driver is bound; a spec file the runtime would skip is named too."""
     from tests import vendor_specs
 

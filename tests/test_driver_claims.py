@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from kubernetes.client import ApiClient, Configuration
 
-from driver.claims import KubeClaimReader
 from driver.interfaces import ClaimNotFound
+from driver.kubelet.claims import KubeClaimReader
 from tests.driver_support import claim
 
 

@@ -14,8 +14,11 @@ from typing import Any
 import grpc
 import pytest
 
-from driver.dra_server import DraServer, start_dra_server
 from driver.interfaces import DeviceHealth
+from driver.kubelet.dra_server import DraServer, start_dra_server
+from driver.kubelet.registration import Registrar, start_registration
+from driver.kubelet.sockets import SocketInUse
+from driver.kubelet.state import DriverState
 from driver.plumbing.gen import (
     dra_v1_pb2,
     dra_v1_pb2_grpc,
@@ -28,9 +31,6 @@ from driver.plumbing.gen import (
     pluginregistration_pb2,
     pluginregistration_pb2_grpc,
 )
-from driver.registration import Registrar, start_registration
-from driver.sockets import SocketInUse
-from driver.state import DriverState
 from tests.driver_support import (
     DRIVER,
     NODE,

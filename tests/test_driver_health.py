@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from discovery.model import Inventory
-from driver.health import HealthEvent, HealthMonitor, sysfs_link_reader, xid_event
-from driver.nvml_events import NvmlXidSource
+from driver.health.monitor import HealthEvent, HealthMonitor, sysfs_link_reader, xid_event
+from driver.health.nvml_events import NvmlXidSource
 from driver.plumbing.hotplug import Debouncer
 from driver.plumbing.kube import build_api_client
 from driver.publisher import SlicePublisher

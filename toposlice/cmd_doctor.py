@@ -138,8 +138,8 @@ VENDOR_CDI_CHECK = "vendor-cdi-missing"
 
 def vendor_cdi_findings(args: argparse.Namespace, inv: Inventory) -> list[Finding]:
     """One warning per GPU whose kernel driver is bound but that has no usable vendor CDI
-    device (driver/vendor_cdi.py): its pods would get no driver libraries."""
-    from driver.vendor_cdi import DEFAULT_SPEC_DIRS, KERNEL_DRIVERS, KIND_OF, VendorCdi
+    device (discovery/vendor_cdi.py): its pods would get no driver libraries."""
+    from discovery.vendor_cdi import DEFAULT_SPEC_DIRS, KERNEL_DRIVERS, KIND_OF, VendorCdi
     from normalize.crossdriver import Finding
     from toposlice.sources import host_root
 

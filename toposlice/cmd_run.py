@@ -36,7 +36,7 @@ def _nvml_sources(daemon: Any) -> None:
     try:
         import pynvml
 
-        from driver.nvml_events import NvmlXidSource
+        from driver.health.nvml_events import NvmlXidSource
         from plugins.nvidia import preload_from_driver_root
 
         preload_from_driver_root()  # $NVIDIA_DRIVER_ROOT: the chart's driver-root mode

@@ -85,7 +85,7 @@ class ServeView:
     nothing is allocated."""
 
     def __init__(self, driver: str = "toposlice.dev") -> None:
-        from driver.health import HealthMonitor
+        from driver.health.monitor import HealthMonitor
 
         self._snapshot: Any = None
         self.last_error = ""

@@ -17,8 +17,8 @@ from typing import Any
 
 import grpc
 
+from driver.kubelet.sockets import SocketServer, serve_unix
 from driver.plumbing.gen import pluginregistration_pb2, pluginregistration_pb2_grpc
-from driver.sockets import SocketServer, serve_unix
 
 log = logging.getLogger("driver.registration")
 

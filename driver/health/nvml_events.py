@@ -13,7 +13,7 @@ from typing import Any
 
 from discovery.nvml_codes import NVML_ERROR_CODES
 from discovery.readers import normalize_bdf
-from driver.health import HealthEvent, xid_event
+from driver.health.monitor import HealthEvent, xid_event
 
 log = logging.getLogger("toposlice.health")
 
@@ -23,7 +23,7 @@ _TIMEOUT = NVML_ERROR_CODES["TIMEOUT"]
 
 
 class NvmlXidSource:
-    """An :class:`~driver.health.EventSource` over NVML's XID critical-error events."""
+    """An :class:`~driver.health.monitor.EventSource` over NVML's XID critical-error events."""
 
     def __init__(self, nvml: Any, bus_ids: Sequence[str]) -> None:
         self.nvml = nvml

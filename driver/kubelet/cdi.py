@@ -3,23 +3,23 @@
 One transient spec per claim, named ``<vendor>-<class>_<claim uid>.json`` like the CDI
 library's ``GenerateTransientSpecName``; device names carry the claim UID so a runtime
 caching specs never sees one name with two meanings. ``cdiVersion`` is the minimum the
-content needs, so runtimes with older CDI libraries still accept the file.
+content needs, so runtimes with older CDI libraries still accept the file. The format's
+name and version rules are discovery/cdi_spec.py's (the vendor spec reader shares them).
 """
 
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Any
 
+from discovery.cdi_spec import check_device_name as check_device_name
+from discovery.cdi_spec import check_kind as check_kind
+from discovery.cdi_spec import min_version as min_version
+from discovery.cdi_spec import qualified as qualified
 from driver.plumbing.atomic import write_atomic
 
 CLASS = "claim"
-
-_VENDOR = re.compile(r"^[A-Za-z]([A-Za-z0-9._-]*[A-Za-z0-9])?$")
-_CLASS = re.compile(r"^[A-Za-z]([A-Za-z0-9._-]*[A-Za-z0-9])?$")
-_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._:-]*[A-Za-z0-9])?$")
 
 ContainerEdits = dict[str, Any]
 
@@ -33,22 +33,6 @@ def kind_for(driver: str) -> str:
     return f"{vendor_for(driver)}/{CLASS}"
 
 
-def check_kind(kind: str) -> None:
-    vendor, _, cls = kind.partition("/")
-    if not _VENDOR.match(vendor) or not _CLASS.match(cls) or "/" in cls:
-        raise ValueError(f"invalid CDI kind {kind!r}")
-
-
-def check_device_name(name: str) -> None:
-    if not _NAME.match(name):
-        raise ValueError(f"invalid CDI device name {name!r}")
-
-
-def qualified(kind: str, name: str) -> str:
-    """Fully qualified CDI device id ``vendor/class=name``."""
-    return f"{kind}={name}"
-
-
 def spec_file_prefix(kind: str) -> str:
     """What every transient spec file name of ``kind`` starts with."""
     vendor, _, cls = kind.partition("/")
@@ -57,31 +41,6 @@ def spec_file_prefix(kind: str) -> str:
 
 def spec_file_name(kind: str, claim_uid: str) -> str:
     return f"{spec_file_prefix(kind)}{claim_uid.replace('/', '_')}.json"
-
-
-def min_version(spec: dict[str, Any]) -> str:
-    """The lowest cdiVersion that accepts what ``spec`` uses (cdi.md section 4)."""
-    edits = [spec.get("containerEdits") or {}]
-    edits += [d.get("containerEdits") or {} for d in spec.get("devices", [])]
-    version = (0, 3, 0)
-    if any(m.get("type") for e in edits for m in e.get("mounts", [])):
-        version = max(version, (0, 4, 0))
-    if any("hostPath" in n for e in edits for n in e.get("deviceNodes", [])) or any(
-        d["name"][:1].isdigit() for d in spec.get("devices", [])
-    ):
-        version = max(version, (0, 5, 0))
-    cls = spec["kind"].partition("/")[2]
-    if (
-        "." in cls
-        or spec.get("annotations")
-        or any(d.get("annotations") for d in spec.get("devices", []))
-    ):
-        version = max(version, (0, 6, 0))
-    if any(e.get("additionalGids") or e.get("intelRdt") for e in edits):
-        version = max(version, (0, 7, 0))
-    if any(e.get("netDevices") for e in edits):
-        version = max(version, (1, 1, 0))
-    return ".".join(map(str, version))
 
 
 def build_spec(

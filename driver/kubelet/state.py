@@ -35,8 +35,9 @@ from xml.sax.saxutils import quoteattr
 
 from discovery.model import Gpu, Inventory, Nic
 from discovery.readers import normalize_bdf
-from driver import cdi
-from driver.checkpoint import (
+from driver.interfaces import ClaimNotFound, ClaimReader
+from driver.kubelet import cdi
+from driver.kubelet.checkpoint import (
     ClaimRecord,
     LoadStatus,
     PreparedDevice,
@@ -44,7 +45,7 @@ from driver.checkpoint import (
     read_boot_id,
     save_checkpoint,
 )
-from driver.container_edits import (
+from driver.kubelet.container_edits import (
     OMITTED_NODES_ANNOTATION,
     ClaimDevices,
     claim_edits,
@@ -53,12 +54,11 @@ from driver.container_edits import (
     gpu_edits,
     nic_edits,
 )
-from driver.device_metadata import MetadataWriter, group_requests
-from driver.interfaces import ClaimNotFound, ClaimReader
-from driver.nccl_topo import build_topology
+from driver.kubelet.device_metadata import MetadataWriter, group_requests
+from driver.kubelet.vendor_cdi import VendorCdi
 from driver.plumbing.atomic import TEMP_SUFFIX, remove_quiet, write_atomic
-from driver.vendor_cdi import VendorCdi
 from normalize.attribute_names import PCI_BUS_ID
+from normalize.nccl_topo import build_topology
 from normalize.snapshot import Snapshot
 
 log = logging.getLogger("driver.state")
@@ -151,13 +151,14 @@ class DriverState:
         may outlive a reboot, so then every write is made durable."""
         self.sync_checkpoint = sync_checkpoint
         self.vendor_cdi = vendor_cdi
-        """The GPU vendor's CDI devices put first in each GPU's ids (driver/vendor_cdi.py)."""
+        """The GPU vendor's CDI devices put first in each GPU's ids
+        (driver/kubelet/vendor_cdi.py)."""
         self.other_slices: Callable[[], Sequence[Mapping[str, Any]]] | None = None
         """The other drivers' slices of this node (the publisher's watch), to find the GPUs
         of another driver (NVIDIA's) in a claim toposlice prepares NICs of: the NCCL file
         names them too. None, or raising: the file holds toposlice's devices only."""
         self.metadata = metadata
-        """KEP-5304 device metadata files (driver/device_metadata.py); None: none."""
+        """KEP-5304 device metadata files (driver/kubelet/device_metadata.py); None: none."""
         if metadata is not None:
             metadata.sync = self.sync
         self._lock = threading.Lock()

@@ -1,4 +1,6 @@
-"""The GPU vendor's own CDI devices (``nvidia.com/gpu``, ``amd.com/gpu``) in a claim's answer.
+"""The GPU vendor's own CDI devices (``nvidia.com/gpu``, ``amd.com/gpu``) on the host, as
+the container runtime would resolve them: for a claim's answer (driver/kubelet/vendor_cdi.py
+puts them first) and for ``toposlice doctor``.
 
 toposlice's spec gives a container the GPU's device nodes, the topology environment and
 the NCCL file, but not the driver's user space (``libcuda.so.<version>``,
@@ -21,8 +23,8 @@ listing and a few ``stat`` calls. toposlice's own files (``k8s.<driver>-*``,
 ``<driver>-*``) are not read: they hold no vendor device and there is one per claim.
 
 Where no usable vendor device exists for an NVIDIA GPU whose kernel driver is bound,
-prepare still succeeds with toposlice's own edits, and :meth:`VendorCdi.gap` gives the one line the
-daemon reports once per node (Event, gauge, ``/readyz``, log), never per claim.
+prepare still succeeds with toposlice's own edits, and :meth:`VendorCdi.gap` gives the one
+line the daemon reports once per node (Event, gauge, ``/readyz``, log), never per claim.
 """
 
 from __future__ import annotations
@@ -33,22 +35,19 @@ import os
 import re
 import threading
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from discovery import cdi_spec
 from discovery.model import Gpu, Inventory
-from driver import cdi
-from driver.checkpoint import PreparedDevice
-from driver.container_edits import amd_render_minor
 
+#: The logger keeps the name it had in driver/vendor_cdi.py (logger names are user-visible).
 log = logging.getLogger("driver.vendor_cdi")
 
 NVIDIA_KIND = "nvidia.com/gpu"
 AMD_KIND = "amd.com/gpu"
 DEFAULT_SPEC_DIRS = ("/etc/cdi", "/var/run/cdi")
-#: The reason of the Node Event that reports the gap.
-EVENT_REASON = "VendorCDIMissing"
 #: The PCI driver that, when bound to a GPU, means a vendor spec should exist for it.
 #: Only NVIDIA's carries what a pod lacks without it (the driver's libraries); amd-ctk's
 #: holds device nodes only, which toposlice's own spec names already, and ROCm's user
@@ -103,6 +102,8 @@ _MOUNT_KEYS = {"hostPath", "containerPath", "options", "type"}
 _HOOK_KEYS = {"hookName", "path", "args", "env", "timeout"}
 _PERMISSIONS = re.compile(r"^[rwm]*$")
 _UUID_PREFIX = "GPU-"
+#: The first render minor of AMD GPUs (KFD numbers them from here in bus order).
+AMD_RENDER_BASE = 128
 
 
 class SpecError(ValueError):
@@ -244,7 +245,7 @@ def parse_spec(raw: bytes, path: str) -> tuple[str, dict[str, dict[str, Any]], d
     if not isinstance(kind, str):
         raise SpecError("missing kind")
     try:
-        cdi.check_kind(kind)
+        cdi_spec.check_kind(kind)
     except ValueError as exc:
         raise SpecError(str(exc)) from None
     devices = spec.get("devices")
@@ -257,7 +258,7 @@ def parse_spec(raw: bytes, path: str) -> tuple[str, dict[str, dict[str, Any]], d
         if not isinstance(name, str):
             raise SpecError(f"device name {name!r} is not a string")
         try:
-            cdi.check_device_name(name)
+            cdi_spec.check_device_name(name)
         except ValueError as exc:
             raise SpecError(str(exc)) from None
         if name in names:
@@ -267,7 +268,7 @@ def parse_spec(raw: bytes, path: str) -> tuple[str, dict[str, dict[str, Any]], d
             raise SpecError(f"invalid device {name!r}, empty device edits")
         names[name] = edits
     common = _check_edits(spec.get("containerEdits") or {}, "containerEdits")
-    needed = cdi.min_version(spec)
+    needed = cdi_spec.min_version(spec)
     if _version(version) < _version(needed):
         raise SpecError(f"the spec version must be at least v{needed}, it is v{version}")
     return kind, names, common
@@ -293,8 +294,8 @@ def spec_dirs(given: Sequence[str] | None, cdi_root: str) -> tuple[str, ...]:
 
 
 class VendorCdi:
-    """The vendor devices of the spec directories, for :class:`~driver.state.DriverState`
-    (thread-safe: prepares run concurrently)."""
+    """The vendor devices of the spec directories (thread-safe: prepares run concurrently);
+    the kubelet plugin's :class:`driver.kubelet.vendor_cdi.VendorCdi` adds ``attach``."""
 
     def __init__(
         self,
@@ -396,7 +397,7 @@ class VendorCdi:
         if uuid and not uuid.startswith(_UUID_PREFIX):
             uuid = _UUID_PREFIX + uuid
         if uuid:
-            hit = reg.devices.get(cdi.qualified(kind, uuid))
+            hit = reg.devices.get(cdi_spec.qualified(kind, uuid))
             if hit is not None:
                 return self._usable(kind, *hit)
         names = [n for spec in reg.kinds[kind] for n in spec.devices]
@@ -404,7 +405,7 @@ class VendorCdi:
             return Found(problem=f"the {kind} spec is stale (it lists other GPUs' UUIDs)")
         if gpu.index is None:
             return Found(problem=f"the {kind} spec names no UUIDs and the GPU has no NVML index")
-        hit = reg.devices.get(cdi.qualified(kind, str(gpu.index)))
+        hit = reg.devices.get(cdi_spec.qualified(kind, str(gpu.index)))
         if hit is None:
             return Found(problem=f"the {kind} spec is stale (no device for the NVML index)")
         spec, name = hit
@@ -422,7 +423,7 @@ class VendorCdi:
                 if name == "all":
                     continue
                 if any(n["path"] == render for n in edits.get("deviceNodes") or []):
-                    qualified = cdi.qualified(kind, name)
+                    qualified = cdi_spec.qualified(kind, name)
                     if reg.devices.get(qualified, (None, ""))[0] is spec:
                         return self._usable(kind, spec, name)
         return Found(problem=f"the {kind} spec is stale (no device with the GPU's render node)")
@@ -432,7 +433,7 @@ class VendorCdi:
             *(spec.common.get("deviceNodes") or []),
             *(spec.devices[name].get("deviceNodes") or []),
         ]
-        qualified = cdi.qualified(kind, name)
+        qualified = cdi_spec.qualified(kind, name)
         for node in nodes:
             if self._host_lacks(node):
                 return Found(
@@ -453,54 +454,7 @@ class VendorCdi:
             return False
         return not os.path.lexists(self.dev_root / host.lstrip("/"))
 
-    # -- prepare and the node's gap ---------------------------------------------------
-
-    def attach(
-        self,
-        inv: Inventory,
-        gpus: Iterable[tuple[str, Gpu]],
-        claim_uid: str,
-        edits: dict[str, cdi.ContainerEdits],
-        common: cdi.ContainerEdits,
-        prepared: list[PreparedDevice],
-    ) -> list[PreparedDevice]:
-        """Put each GPU's vendor id first in its ``cdi_ids`` and leave out of toposlice's
-        edits for it (``edits["<claim uid>-<device>"]``, in place) every device node that id
-        already adds. When every NVIDIA GPU of the claim has a vendor id, the claim's
-        ``NVIDIA_VISIBLE_DEVICES`` is left out too: the vendor spec sets it to ``void`` so
-        that an NVIDIA runtime configured as default does not inject the GPUs a second
-        time, and toposlice's, applied after it, would win."""
-        found: dict[str, VendorDevice] = {}
-        nvidia_total = nvidia_found = 0
-        reg = self.registry()
-        for name, gpu in gpus:
-            hit = self.find(inv, gpu, reg).device
-            nvidia_total += gpu.vendor == "nvidia"
-            if hit is None:
-                continue
-            nvidia_found += gpu.vendor == "nvidia"
-            found[name] = hit
-            own = edits.get(f"{claim_uid}-{name}")
-            if own and own.get("deviceNodes"):
-                kept = [n for n in own["deviceNodes"] if n["path"] not in hit.node_paths]
-                if kept:
-                    own["deviceNodes"] = kept
-                else:
-                    del own["deviceNodes"]
-        if not found:
-            return prepared
-        if nvidia_total and nvidia_found == nvidia_total:
-            env = common.get("env") or []
-            common["env"] = [e for e in env if not e.startswith("NVIDIA_VISIBLE_DEVICES=")]
-        out = []
-        for dev in prepared:
-            hit = found.get(dev.device)
-            out.append(
-                dev
-                if hit is None
-                else replace(dev, cdi_ids=(hit.id, *dev.cdi_ids), vendor_cdi_ids=(hit.id,))
-            )
-        return out
+    # -- the node's gap ----------------------------------------------------------------
 
     def gap(self, inv: Inventory) -> Gap:
         """GPUs whose kernel driver is bound but that have no usable vendor device, and one
@@ -539,6 +493,15 @@ class VendorCdi:
         return dict(self.registry().errors)
 
 
+def amd_render_minor(inv: Inventory, gpu: Gpu) -> int:
+    """``Gpu.minor`` when a probe set it; else KFD's numbering (render minors from 128 in
+    bus order of the AMD GPUs)."""
+    if gpu.minor is not None:
+        return gpu.minor
+    amd = sorted(g.bus_id for g in inv.gpus if g.vendor == "amd")
+    return AMD_RENDER_BASE + amd.index(gpu.bus_id)
+
+
 def _build_registry(specs: Iterable[tuple[str, _Spec | str]]) -> _Registry:
     """Devices by qualified name, as the CDI cache's refresh resolves them (files in
     priority order, then by path)."""
@@ -549,7 +512,7 @@ def _build_registry(specs: Iterable[tuple[str, _Spec | str]]) -> _Registry:
             reg.errors[path] = spec
             continue
         for name in spec.devices:
-            qualified = cdi.qualified(spec.kind, name)
+            qualified = cdi_spec.qualified(spec.kind, name)
             old = reg.devices.get(qualified)
             if old is not None and old[0].priority == spec.priority:
                 conflicts.add(qualified)

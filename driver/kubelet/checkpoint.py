@@ -45,7 +45,7 @@ class PreparedDevice:
     admin_access: bool = False
     """Admin access and shares may overlap other claims on one device."""
     vendor_cdi_ids: tuple[str, ...] = ()
-    """Which of ``cdi_ids`` are the GPU vendor's (driver/vendor_cdi.py): written only when
+    """Which of ``cdi_ids`` are the GPU vendor's (driver/kubelet/vendor_cdi.py): written only when
     there are some, so records without them read and write as before."""
 
     def to_dict(self) -> dict[str, Any]:
@@ -84,7 +84,7 @@ class ClaimRecord:
     files: tuple[str, ...] = field(default=())
     """Every file this claim owns (CDI spec, NCCL topology), so undo needs no recomputation."""
     metadata: tuple[dict[str, Any], ...] = ()
-    """What each request's device metadata file says (driver/device_metadata.py), so a
+    """What each request's device metadata file says (driver/kubelet/device_metadata.py), so a
     restart can rewrite it without the API server. Absent from older checkpoints."""
 
     @cached_property

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import grpc
 
-from driver.health_service import HEALTH_SERVICE_VERSIONS, HealthService, add_health_service
 from driver.interfaces import HealthFeed
-from driver.node_service import NODE_SERVICE_VERSIONS, ClaimState, add_node_service
-from driver.sockets import SocketServer, serve_unix
+from driver.kubelet.health_service import HEALTH_SERVICE_VERSIONS, HealthService, add_health_service
+from driver.kubelet.node_service import NODE_SERVICE_VERSIONS, ClaimState, add_node_service
+from driver.kubelet.sockets import SocketServer, serve_unix
 from normalize.snapshot import Snapshot
 
 DRA_SOCKET = "dra.sock"

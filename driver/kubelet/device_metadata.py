@@ -37,8 +37,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from driver import cdi
-from driver.checkpoint import ClaimRecord, PreparedDevice
+from driver.kubelet import cdi
+from driver.kubelet.checkpoint import ClaimRecord, PreparedDevice
 from driver.plumbing.atomic import TEMP_SUFFIX, remove_quiet, write_atomic
 
 log = logging.getLogger("driver.device_metadata")

@@ -14,9 +14,9 @@ from typing import Any, Protocol
 
 import grpc
 
-from driver.checkpoint import PreparedDevice
+from driver.kubelet.checkpoint import PreparedDevice
+from driver.kubelet.state import ClaimRef, PrepareResult
 from driver.plumbing.gen import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
-from driver.state import ClaimRef, PrepareResult
 
 log = logging.getLogger("driver.node_service")
 
@@ -25,7 +25,7 @@ NODE_SERVICE_VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
 
 
 class ClaimState(Protocol):
-    """What the handlers need from :class:`driver.state.DriverState`."""
+    """What the handlers need from :class:`driver.kubelet.state.DriverState`."""
 
     def prepare(self, claims: list[ClaimRef]) -> dict[str, PrepareResult]: ...
 

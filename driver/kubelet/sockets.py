@@ -34,7 +34,7 @@ from pathlib import Path
 
 import grpc
 
-from driver.grpc_logging import LoggingInterceptor
+from driver.kubelet.grpc_logging import LoggingInterceptor
 
 log = logging.getLogger("driver.sockets")
 

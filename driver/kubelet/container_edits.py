@@ -23,12 +23,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from discovery.model import Gpu, Inventory, Nic
-from driver.cdi import ContainerEdits
+from discovery.vendor_cdi import amd_render_minor
+from driver.kubelet.cdi import ContainerEdits
 
 NVIDIA_CONTROL_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 AMD_KFD = "/dev/kfd"
 RDMA_CM = "/dev/infiniband/rdma_cm"
-AMD_RENDER_BASE = 128
 NCCL_TOPO_CONTAINER_PATH = "/var/run/toposlice/nccl-topo.xml"
 _TRAILING_NUMBER = re.compile(r"(\d+)$")
 #: Spec annotation listing the device nodes left out because the node lacks them.
@@ -51,15 +51,6 @@ def env_name(device_name: str) -> str:
 
 def _nodes(paths: list[str]) -> list[dict[str, Any]]:
     return [{"path": p, "permissions": "rw"} for p in paths]
-
-
-def amd_render_minor(inv: Inventory, gpu: Gpu) -> int:
-    """``Gpu.minor`` when a probe set it; else KFD's numbering (render minors from 128 in
-    bus order of the AMD GPUs)."""
-    if gpu.minor is not None:
-        return gpu.minor
-    amd = sorted(g.bus_id for g in inv.gpus if g.vendor == "amd")
-    return AMD_RENDER_BASE + amd.index(gpu.bus_id)
 
 
 def uverbs_index(inv: Inventory, rdma_name: str) -> int:
