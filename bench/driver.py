@@ -220,7 +220,7 @@ def prepare_latency(
 
 def publishers_writes(tmp: Path, nodes: int, workers: int) -> dict[str, Any]:
     from driver.plumbing.kube import build_api_client
-    from driver.publisher import SlicePublisher
+    from driver.publisher.slices import SlicePublisher
     from normalize.snapshot import build_snapshot
     from toposlice.discover import discover
 

@@ -60,11 +60,11 @@ if TYPE_CHECKING:
     from driver.kubelet.registration import Registrar
     from driver.kubelet.state import DriverState
     from driver.kubelet.vendor_cdi import VendorCdi
-    from driver.neighbours import NeighbourWatch
-    from driver.node_pods import NodePods
     from driver.plumbing.hotplug import Debouncer, UdevWatcher
-    from driver.publisher import SlicePublisher
-    from driver.topology_objects import TopologyObjectWriter
+    from driver.publisher.neighbours import NeighbourWatch
+    from driver.publisher.node_pods import NodePods
+    from driver.publisher.slices import SlicePublisher
+    from driver.publisher.topology_objects import TopologyObjectWriter
     from normalize.crossdriver import Neighbourhood, NormalizationReport
 
 log = logging.getLogger("toposlice.daemon")
@@ -212,7 +212,7 @@ class Daemon:
         self.neighbour_report: NormalizationReport | None = None
         """The other drivers' devices matched to the hardware, as last read."""
         self.neighbours: NeighbourWatch | None = None
-        """The other drivers on the node (driver/neighbours.py), once connected."""
+        """The other drivers on the node (driver/publisher/neighbours.py), once connected."""
 
     # -- ExporterView --------------------------------------------------------------------
 
@@ -365,7 +365,7 @@ class Daemon:
             self._fail_start()
             raise StartupError(f"cannot serve the kubelet: {exc}") from exc
         if cfg.http_addr:  # metrics only have a reader with the HTTP server
-            from driver.metrics import DriverMetrics
+            from driver.exporter.metrics import DriverMetrics
 
             self.metrics = DriverMetrics()
         try:
@@ -384,7 +384,9 @@ class Daemon:
         )
         if self._snap is not None:
             log_dropped(log, self._snap)  # what the slices will lack, once they are written
-        from driver.publisher import SlicePublisher  # after registration: not on the kubelet's path
+        from driver.publisher.slices import (
+            SlicePublisher,  # after registration: not on the kubelet's path
+        )
 
         self.publisher = SlicePublisher(
             self.client,
@@ -430,7 +432,7 @@ class Daemon:
         remove_empty_dirs(self._made_dirs)
 
     def _start_http(self, addr: str) -> None:
-        from driver.http_server import HttpServer
+        from driver.exporter.http_server import HttpServer
 
         try:
             self.http = HttpServer(addr, self, self.metrics, dot=self.dot).start()
@@ -458,7 +460,11 @@ class Daemon:
         cfg = self.cfg
         if not (cfg.nrt or cfg.node_feature) or self.client is None:
             return
-        from driver.topology_objects import NODE_FEATURE_KIND, NRT_KIND, TopologyObjectWriter
+        from driver.publisher.topology_objects import (
+            NODE_FEATURE_KIND,
+            NRT_KIND,
+            TopologyObjectWriter,
+        )
 
         kinds = ([NRT_KIND] if cfg.nrt else []) + ([NODE_FEATURE_KIND] if cfg.node_feature else [])
         for kind in kinds:
@@ -474,7 +480,7 @@ class Daemon:
                 "kubelet's policy (chart: integrations.nrt.topologyManagerPolicy)"
             )
         if cfg.nrt and cfg.nrt_pods_fingerprint:
-            from driver.node_pods import NodePods
+            from driver.publisher.node_pods import NodePods
 
             self.node_pods = NodePods(self.client, cfg.node_name, self._pods_changed).start()
             # The first object carries the fingerprint, so a start is one write, not two;
@@ -492,7 +498,7 @@ class Daemon:
             self._set_topology_objects(self._snap)
 
     def _set_topology_objects(self, snap: Snapshot) -> None:
-        from driver.topology_objects import NRT_KIND
+        from driver.publisher.topology_objects import NRT_KIND
 
         cfg = self.cfg
         for writer in self.topology_writers:
@@ -540,7 +546,7 @@ class Daemon:
         """Read the node's other drivers from the publisher's watch of the node's slices:
         once now, waiting for its first LIST (before anything is published), then every
         resync interval (no request: the watch keeps the view)."""
-        from driver.neighbours import NeighbourWatch
+        from driver.publisher.neighbours import NeighbourWatch
 
         pub, cfg = self.publisher, self.cfg
         if pub is None or not (cfg.bridge_auto or cfg.duplicates == "yield"):
@@ -566,7 +572,7 @@ class Daemon:
 
     def _neighbours_changed(self, near: Neighbourhood) -> None:
         """Say once what changed (log, Node Event, metric), then publish accordingly."""
-        from driver.neighbours import REASON
+        from driver.publisher.neighbours import REASON
 
         if self.metrics is not None:
             self.metrics.set_neighbours(near, yielding=self.cfg.duplicates == "yield")

@@ -6,7 +6,7 @@ The daemon (``driver/daemon.py``) wires concrete implementations together:
   :class:`ClaimReader` and reads device health from a :class:`HealthFeed`;
 - the health monitor (``driver/health/monitor.py``) is the ``HealthFeed`` and tells the publisher
   which devices to taint;
-- the HTTP server (``driver/http_server.py``) serves ``/healthz``, ``/readyz``, the
+- the HTTP server (``driver/exporter/http_server.py``) serves ``/healthz``, ``/readyz``, the
   exporter endpoints and ``/metrics`` from a :class:`ExporterView`.
 
 Everything here is a plain Protocol or frozen dataclass: no I/O, no imports of the parts.

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from driver.observe import load_slice_files, registered_drivers
+from driver.publisher.observe import load_slice_files, registered_drivers
 from normalize.crossdriver import normalization_report, registered_driver
 from normalize.options import NormalizeOptions
 from normalize.slices import build_slices

@@ -16,7 +16,7 @@ from driver.health.monitor import HealthEvent, HealthMonitor, sysfs_link_reader,
 from driver.health.nvml_events import NvmlXidSource
 from driver.plumbing.hotplug import Debouncer
 from driver.plumbing.kube import build_api_client
-from driver.publisher import SlicePublisher
+from driver.publisher.slices import SlicePublisher
 from normalize.snapshot import Snapshot, build_snapshot
 from tests.kubeapi import KubeAPIServer
 from toposlice.discover import discover

@@ -15,7 +15,7 @@ import kubernetes_validate
 import pytest
 
 from driver.plumbing.kube import build_api_client
-from driver.publisher import PublishError, SlicePublisher
+from driver.publisher.slices import PublishError, SlicePublisher
 from normalize.snapshot import build_snapshot
 from normalize.validation import validate_pool
 from tests.kubeapi import KubeAPIServer

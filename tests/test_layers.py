@@ -109,7 +109,7 @@ def test_imports_point_down(path: Path) -> None:
         ("normalize/x.py", "import plugins.registry\n"),
         ("driver/x.py", "import toposlice.sources\n"),
         ("scorer/x.py", "from toposlice.discover import discover\n"),
-        ("scorer/y.py", "from driver.publisher import SlicePublisher\n"),
+        ("scorer/y.py", "from driver.publisher.slices import SlicePublisher\n"),
         ("driver/y.py", "from scorer.extender import Extender\n"),
     ],
 )

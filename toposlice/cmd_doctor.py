@@ -75,7 +75,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from driver.observe import ApiSlices, registered_drivers
+    from driver.publisher.observe import ApiSlices, registered_drivers
     from normalize.crossdriver import normalization_report
     from normalize.snapshot import build_snapshot
     from toposlice.output import dump
@@ -176,7 +176,7 @@ def vendor_cdi_findings(args: argparse.Namespace, inv: Inventory) -> list[Findin
 def _slice_files(paths: list[str]) -> list[dict[str, Any]]:
     """The ResourceSlices of each ``--slices`` file; ValueError for a file with none (a YAML
     string, another kind), naming it."""
-    from driver.observe import load_slice_files
+    from driver.publisher.observe import load_slice_files
 
     out: list[dict[str, Any]] = []
     for path in paths:

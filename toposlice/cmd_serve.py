@@ -111,8 +111,8 @@ class ServeView:
 
 
 def run(args: argparse.Namespace) -> int:
-    from driver.http_server import HttpServer
-    from driver.metrics import DriverMetrics
+    from driver.exporter.http_server import HttpServer
+    from driver.exporter.metrics import DriverMetrics
     from driver.plumbing.checks import parse_http_addr
     from toposlice.render import graph_to_dot
 
@@ -120,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
     parse_http_addr(args.http_addr)
     check_source(args)
     if args.slices:
-        from driver.observe import load_slice_files
+        from driver.publisher.observe import load_slice_files
 
         load_slice_files(args.slices)  # unreadable or not YAML: ValueError naming the file
     elif args.observe and args.kubeconfig:
@@ -232,7 +232,7 @@ def _serve(
 
 
 def _observer(args: argparse.Namespace, view: ServeView, server: Any, own_driver: str) -> Any:
-    from driver.observe import ApiSlices, Observer, load_slice_files
+    from driver.publisher.observe import ApiSlices, Observer, load_slice_files
 
     files = list(args.slices or [])
     if files:

@@ -1,6 +1,6 @@
 """The one HTTP/1.1 stack of toposlice: connections, limits and framing; routes elsewhere.
 
-Both servers of the project sit on it: the exporter (driver/http_server.py: probes,
+Both servers of the project sit on it: the exporter (driver/exporter/http_server.py: probes,
 ``/v1/topology``, ``/metrics``, the page) and the placement scorer's kube-scheduler
 extender (scorer/extender_server.py: ``POST /filter``, ``POST /prioritize``). A server
 subclasses :class:`HttpTransport` and implements :meth:`HttpTransport.respond`, which gets

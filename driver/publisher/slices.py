@@ -4,7 +4,7 @@ One pool named after the node; every slice owned by the Node (so slices go with 
 named ``<index hex>-<driver>-<node>-<random>`` as the 1.36+ Go slice controller does. What
 the server holds of the slices on this node comes from a watch (driver/plumbing/server_view.py: one
 LIST with a field selector on the node, every driver's, so the neighbours are known
-without a request of their own (driver/neighbours.py), then a WATCH
+without a request of their own (driver/publisher/neighbours.py), then a WATCH
 resumed from its resourceVersion, relisting only on ``410 Gone``), never from a LIST per
 resync. A reconcile diffs that view against the desired pool and writes the difference:
 
@@ -43,7 +43,7 @@ from urllib.parse import quote
 
 from driver.plumbing.kube import ApiFailure, collection_lister, failure, request_json, server_url
 from driver.plumbing.server_view import ServerView
-from driver.resync_loop import Restart, ResyncLoop, WriteError
+from driver.publisher.resync_loop import Restart, ResyncLoop, WriteError
 from normalize.options import MAX_DEVICES_PER_SLICE
 from normalize.slices import API_VERSION, KIND, slice_name_prefix, split_devices
 
@@ -449,7 +449,7 @@ class SlicePublisher(ResyncLoop):
                 raise
         self.view.deleted(dict(existing))
 
-    # -- the loop (driver/resync_loop.py) -----------------------------------------------
+    # -- the loop (driver/publisher/resync_loop.py) -----------------------------------------------
 
     def _has_desired(self) -> bool:
         return self.desired_chunks() is not None

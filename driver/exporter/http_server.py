@@ -9,8 +9,8 @@ Routes (GET and HEAD; anything else 405 with ``Allow``; unknown paths 404):
                         ``?format=dot`` for Graphviz. ETag / If-None-Match -> 304; gzip.
 ``/v1/inventory``       the inventory (``toposlice.inventory/v1``), degraded links as warnings.
 ``/v1/normalization``   the cross-driver report (``toposlice.normalization/v1``).
-``/metrics``            Prometheus text format from the :class:`~driver.metrics.DriverMetrics`.
-``/``                   the HTML page (driver/page.py).
+``/metrics``            Prometheus text format from :class:`~driver.exporter.metrics.DriverMetrics`.
+``/``                   the HTML page (driver/exporter/page.py).
 
 Lifecycle::
 
@@ -49,10 +49,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from discovery.model import Inventory
+from driver.exporter.links import degraded_link_warnings
+from driver.exporter.metrics import DeviceInfo, DriverMetrics
+from driver.exporter.page import Mark, render_page
 from driver.interfaces import DeviceHealth, ExporterView
-from driver.links import degraded_link_warnings
-from driver.metrics import DeviceInfo, DriverMetrics
-from driver.page import Mark, render_page
 from driver.plumbing.http_transport import HttpTransport, Limits, Request, parse_addr
 from normalize.crossdriver import NormalizationReport, empty_report, with_dra_identities
 from normalize.snapshot import Snapshot

@@ -1,6 +1,6 @@
 """The loop shared by the writers that keep API objects of one node equal to a desired
-state: the slice publisher (driver/publisher.py) and the NRT / NodeFeature writer
-(driver/topology_objects.py).
+state: the slice publisher (driver/publisher/slices.py) and the NRT / NodeFeature writer
+(driver/publisher/topology_objects.py).
 
 A writer supplies its reconcile (read, diff, write: its own file's business), its log
 lines and its thread name; this base runs it on every change of the desired state and

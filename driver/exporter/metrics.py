@@ -39,7 +39,7 @@ from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from discovery.model import Inventory
-from driver.links import pcie_links
+from driver.exporter.links import pcie_links
 from normalize.crossdriver import Neighbourhood
 
 NAMESPACE = "toposlice"
@@ -266,7 +266,7 @@ class DriverMetrics:
     # ---- events (daemon parts call these) ------------------------------------------------
 
     def set_neighbours(self, near: Neighbourhood, *, yielding: bool) -> None:
-        """The devices other drivers publish too (driver/neighbours.py)."""
+        """The devices other drivers publish too (driver/publisher/neighbours.py)."""
         self.shared_devices.clear()
         counts = Tally(d for ids in near.taken.values() for d in {i.driver for i in ids})
         for driver, count in counts.items():

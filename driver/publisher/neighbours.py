@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from driver.observe import registered_drivers
+from driver.publisher.observe import registered_drivers
 from normalize.crossdriver import (
     Neighbourhood,
     NormalizationReport,

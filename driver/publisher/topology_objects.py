@@ -1,8 +1,8 @@
 """Keep one API object per node equal to a desired one, writing only what changed.
 
 Used for the node's ``NodeResourceTopology`` (``toposlice run --nrt``) and its NFD
-``NodeFeature`` (``--node-feature``), with the publisher's rules (driver/publisher.py; the
-loop both run is driver/resync_loop.py):
+``NodeFeature`` (``--node-feature``), with the publisher's rules (driver/publisher/slices.py; the
+loop both run is driver/publisher/resync_loop.py):
 
 - a reconcile reads the object (one GET) and compares the fields this writer owns
   (``zones``/``attributes``/``topologyPolicies`` of an NRT, ``spec`` of a NodeFeature),
@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from driver.plumbing.kube import ApiFailure, failure, get_node, request_json
-from driver.resync_loop import Restart, ResyncLoop, WriteError
+from driver.publisher.resync_loop import Restart, ResyncLoop, WriteError
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
@@ -235,7 +235,7 @@ class TopologyObjectWriter(ResyncLoop):
             fields = self.kind.owned_fields
             self._echo = (_owned(desired, fields), _owned(stored, fields))
 
-    # -- the loop (driver/resync_loop.py) -----------------------------------------------
+    # -- the loop (driver/publisher/resync_loop.py) -----------------------------------------------
 
     def _has_desired(self) -> bool:
         return self.desired() is not None
