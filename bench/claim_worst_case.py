@@ -374,7 +374,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         before = worst([Case(**{**c, "busy": tuple(c["busy"])}) for c in data["cases"]])
     print(table(cases, before))
     if args.json:
-        from driver.atomic import write_atomic
+        from driver.plumbing.atomic import write_atomic
 
         doc = {"cases": [asdict(c) for c in cases]}
         write_atomic(Path(args.json), json.dumps(doc).encode())

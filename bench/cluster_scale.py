@@ -84,7 +84,7 @@ import yaml  # noqa: E402
 
 from bench import pprof  # noqa: E402
 from bench.stats import pct  # noqa: E402
-from driver.atomic import write_atomic  # noqa: E402
+from driver.plumbing.atomic import write_atomic  # noqa: E402
 from tests.e2e.cluster import SKIP_REASON, Cluster, find_assets, node_object  # noqa: E402
 
 DRIVER = "toposlice.dev"

@@ -219,8 +219,8 @@ def prepare_latency(
 
 
 def publishers_writes(tmp: Path, nodes: int, workers: int) -> dict[str, Any]:
-    from driver.kube import build_api_client
-    from driver.publisher import SlicePublisher
+    from driver.plumbing.kube import build_api_client
+    from driver.publisher.slices import SlicePublisher
     from normalize.snapshot import build_snapshot
     from toposlice.discover import discover
 
@@ -262,7 +262,7 @@ def publishers_writes(tmp: Path, nodes: int, workers: int) -> dict[str, Any]:
             "steady_after": (steady2, steady2_s),
         }
     finally:
-        for p in pubs:  # each watches its slices (driver/server_view.py)
+        for p in pubs:  # each watches its slices (driver/plumbing/server_view.py)
             p.view.stop()
         api.stop()
 

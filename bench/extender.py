@@ -53,7 +53,7 @@ if sys.path and Path(sys.path[0]).resolve() == Path(__file__).resolve().parent:
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.stats import pct
-from driver.http_transport import HttpTransport, Reply, Request
+from driver.plumbing.http_transport import HttpTransport, Reply, Request
 from normalize.graph import build_graph
 from scorer.cluster_cache import ClusterCache
 from scorer.extender import Extender

@@ -8,7 +8,7 @@ This measures, with nothing else changed, one unary DRA call over a unix socket 
 Python gRPC client (as bench/kube_api.py's kubelet), for three servers, each in a process
 of its own, taking turns call by call under the same load:
 
-  sync-pool    grpc.server + ThreadPoolExecutor(16) (driver/sockets.py)
+  sync-pool    grpc.server + ThreadPoolExecutor(16) (driver/kubelet/sockets.py)
   aio-inline   grpc.aio.server, the (blocking) handler run on the loop thread
   aio-thread   grpc.aio.server, the handler run in a thread through run_in_executor
                (what an aio server needs to keep serving while a prepare blocks)
@@ -43,7 +43,7 @@ MODES = ("sync-pool", "aio-inline", "aio-thread")
 
 
 def _handler(work_s: float, io_s: float) -> Any:
-    from driver.gen import dra_v1_pb2
+    from driver.plumbing.gen import dra_v1_pb2
 
     def prepare(request: Any) -> Any:
         end = time.perf_counter() + work_s
@@ -62,7 +62,7 @@ def _handler(work_s: float, io_s: float) -> Any:
 def serve(mode: str, path: str, work_s: float, io_s: float, ready: Any) -> None:
     import grpc
 
-    from driver.gen import dra_v1_pb2
+    from driver.plumbing.gen import dra_v1_pb2
 
     prepare = _handler(work_s, io_s)
     kwargs = {
@@ -126,7 +126,7 @@ def main() -> int:
     args = ap.parse_args()
     import grpc
 
-    from driver.gen import dra_v1_pb2
+    from driver.plumbing.gen import dra_v1_pb2
 
     ctx = multiprocessing.get_context("spawn")
     procs = []

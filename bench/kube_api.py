@@ -248,8 +248,8 @@ def watch_allocations(
 
 def get_latency(cluster: Cluster, drv: NodeDriver, calls: int) -> list[float]:
     """The floor under prepare: GET of one ResourceClaim through the driver's own client
-    code (driver/kube.py, the node's pod-bound token), from this process, one caller."""
-    from driver.kube import build_api_client, request_json
+    code (driver/plumbing/kube.py, the node's pod-bound token), from this process, one caller."""
+    from driver.plumbing.kube import build_api_client, request_json
 
     api = cluster.api_client()
     ns, name, _uid = allocated_claim(api, drv.node, "cpu-numa0", f"{drv.node}-get-floor")

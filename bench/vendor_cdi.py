@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""What the vendor CDI lookup (driver/vendor_cdi.py) adds to a prepare, in this process.
+"""What the vendor CDI lookup (discovery/vendor_cdi.py) adds to a prepare, in this process.
 
   prepare      DriverState.prepare of a claim of 2 GPUs of the fake dgx-h100, p50/p99
                over --calls calls (each unprepared again, untimed), without a vendor spec
@@ -26,8 +26,9 @@ from pathlib import Path
 sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 from bench.stats import pct  # noqa: E402
-from driver.state import ClaimRef, DriverState  # noqa: E402
-from driver.vendor_cdi import VendorCdi, parse_spec, spec_dirs  # noqa: E402
+from discovery.vendor_cdi import parse_spec, spec_dirs  # noqa: E402
+from driver.kubelet.state import ClaimRef, DriverState  # noqa: E402
+from driver.kubelet.vendor_cdi import VendorCdi  # noqa: E402
 from tests import vendor_specs  # noqa: E402
 from tests.driver_support import FakeClaims, claim, device_names, make_state, snapshot  # noqa: E402
 

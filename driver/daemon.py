@@ -38,12 +38,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from discovery.model import Inventory
-from normalize.snapshot import Snapshot, build_snapshot
-
-from .config import DaemonConfig
-from .health import EventSource, HealthMonitor, LinkState, sysfs_link_reader
-from .interfaces import DeviceHealth, DriverStatus
-from .kube import (
+from driver.config import DaemonConfig
+from driver.health.monitor import EventSource, HealthMonitor, LinkState, sysfs_link_reader
+from driver.interfaces import DeviceHealth, DriverStatus
+from driver.plumbing.kube import (
     KubeConfigError,
     KubeUnavailable,
     NodeNotFound,
@@ -52,22 +50,22 @@ from .kube import (
     get_node,
     on_request,
 )
-from .logs import log_dropped
+from driver.plumbing.logs import log_dropped
+from normalize.snapshot import Snapshot, build_snapshot
 
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
 
+    from driver.kubelet.dra_server import DraServer
+    from driver.kubelet.registration import Registrar
+    from driver.kubelet.state import DriverState
+    from driver.kubelet.vendor_cdi import VendorCdi
+    from driver.plumbing.hotplug import Debouncer, UdevWatcher
+    from driver.publisher.neighbours import NeighbourWatch
+    from driver.publisher.node_pods import NodePods
+    from driver.publisher.slices import SlicePublisher
+    from driver.publisher.topology_objects import TopologyObjectWriter
     from normalize.crossdriver import Neighbourhood, NormalizationReport
-
-    from .dra_server import DraServer
-    from .hotplug import Debouncer, UdevWatcher
-    from .neighbours import NeighbourWatch
-    from .node_pods import NodePods
-    from .publisher import SlicePublisher
-    from .registration import Registrar
-    from .state import DriverState
-    from .topology_objects import TopologyObjectWriter
-    from .vendor_cdi import VendorCdi
 
 log = logging.getLogger("toposlice.daemon")
 
@@ -143,7 +141,7 @@ class ClaimReaderWhenConnected:
         self._reader: Any = None
 
     def connect(self, client: ApiClient) -> None:
-        from .claims import KubeClaimReader
+        from driver.kubelet.claims import KubeClaimReader
 
         self._reader = KubeClaimReader(client)
         self._ready.set()
@@ -208,13 +206,13 @@ class Daemon:
         self._stopped = False
         self.last_discovery_error = ""
         self.nvml_gap = ""
-        """Why NVIDIA GPUs are published without NVML (driver/nvml_gap.py); empty if not."""
+        """Why NVIDIA GPUs are published without NVML (driver/health/nvml_gap.py); empty if not."""
         self.vendor_cdi_gap = ""
-        """Why GPUs get no vendor CDI device (driver/vendor_cdi.py); empty if not."""
+        """Why GPUs get no vendor CDI device (discovery/vendor_cdi.py); empty if not."""
         self.neighbour_report: NormalizationReport | None = None
         """The other drivers' devices matched to the hardware, as last read."""
         self.neighbours: NeighbourWatch | None = None
-        """The other drivers on the node (driver/neighbours.py), once connected."""
+        """The other drivers on the node (driver/publisher/neighbours.py), once connected."""
 
     # -- ExporterView --------------------------------------------------------------------
 
@@ -315,9 +313,9 @@ class Daemon:
                 delay = min(delay * 2, 5.0)
 
     def start(self) -> None:
-        from .dra_server import start_dra_server
-        from .registration import start_registration
-        from .state import TOPO_DIR, DriverState
+        from driver.kubelet.dra_server import start_dra_server
+        from driver.kubelet.registration import start_registration
+        from driver.kubelet.state import TOPO_DIR, DriverState
 
         cfg = self.cfg
         try:
@@ -336,7 +334,7 @@ class Daemon:
                 cfg.registrar_dir,
             )
         )
-        from .device_metadata import MetadataWriter
+        from driver.kubelet.device_metadata import MetadataWriter
 
         try:
             metadata = MetadataWriter(
@@ -367,7 +365,7 @@ class Daemon:
             self._fail_start()
             raise StartupError(f"cannot serve the kubelet: {exc}") from exc
         if cfg.http_addr:  # metrics only have a reader with the HTTP server
-            from .metrics import DriverMetrics
+            from driver.exporter.metrics import DriverMetrics
 
             self.metrics = DriverMetrics()
         try:
@@ -386,7 +384,9 @@ class Daemon:
         )
         if self._snap is not None:
             log_dropped(log, self._snap)  # what the slices will lack, once they are written
-        from .publisher import SlicePublisher  # after registration: not on the kubelet's path
+        from driver.publisher.slices import (
+            SlicePublisher,  # after registration: not on the kubelet's path
+        )
 
         self.publisher = SlicePublisher(
             self.client,
@@ -432,7 +432,7 @@ class Daemon:
         remove_empty_dirs(self._made_dirs)
 
     def _start_http(self, addr: str) -> None:
-        from .http_server import HttpServer
+        from driver.exporter.http_server import HttpServer
 
         try:
             self.http = HttpServer(addr, self, self.metrics, dot=self.dot).start()
@@ -444,7 +444,7 @@ class Daemon:
             self.http.publish(normalization=self.neighbour_report)
 
     def _start_hotplug(self) -> None:
-        from .hotplug import Debouncer, start_udev
+        from driver.plumbing.hotplug import Debouncer, start_udev
 
         self.debouncer = Debouncer(self._rediscover_quietly)
         if self.cfg.live:
@@ -460,7 +460,11 @@ class Daemon:
         cfg = self.cfg
         if not (cfg.nrt or cfg.node_feature) or self.client is None:
             return
-        from .topology_objects import NODE_FEATURE_KIND, NRT_KIND, TopologyObjectWriter
+        from driver.publisher.topology_objects import (
+            NODE_FEATURE_KIND,
+            NRT_KIND,
+            TopologyObjectWriter,
+        )
 
         kinds = ([NRT_KIND] if cfg.nrt else []) + ([NODE_FEATURE_KIND] if cfg.node_feature else [])
         for kind in kinds:
@@ -476,7 +480,7 @@ class Daemon:
                 "kubelet's policy (chart: integrations.nrt.topologyManagerPolicy)"
             )
         if cfg.nrt and cfg.nrt_pods_fingerprint:
-            from .node_pods import NodePods
+            from driver.publisher.node_pods import NodePods
 
             self.node_pods = NodePods(self.client, cfg.node_name, self._pods_changed).start()
             # The first object carries the fingerprint, so a start is one write, not two;
@@ -494,7 +498,7 @@ class Daemon:
             self._set_topology_objects(self._snap)
 
     def _set_topology_objects(self, snap: Snapshot) -> None:
-        from .topology_objects import NRT_KIND
+        from driver.publisher.topology_objects import NRT_KIND
 
         cfg = self.cfg
         for writer in self.topology_writers:
@@ -542,7 +546,7 @@ class Daemon:
         """Read the node's other drivers from the publisher's watch of the node's slices:
         once now, waiting for its first LIST (before anything is published), then every
         resync interval (no request: the watch keeps the view)."""
-        from .neighbours import NeighbourWatch
+        from driver.publisher.neighbours import NeighbourWatch
 
         pub, cfg = self.publisher, self.cfg
         if pub is None or not (cfg.bridge_auto or cfg.duplicates == "yield"):
@@ -568,7 +572,7 @@ class Daemon:
 
     def _neighbours_changed(self, near: Neighbourhood) -> None:
         """Say once what changed (log, Node Event, metric), then publish accordingly."""
-        from .neighbours import REASON
+        from driver.publisher.neighbours import REASON
 
         if self.metrics is not None:
             self.metrics.set_neighbours(near, yielding=self.cfg.duplicates == "yield")
@@ -620,8 +624,8 @@ class Daemon:
 
     def _check_nvml(self, inv: Inventory) -> None:
         """NVIDIA GPUs without NVML: metric, log, readiness detail and a Node Event, once
-        per distinct reason (driver/nvml_gap.py)."""
-        from .nvml_gap import REASON, missing_gpus, nvml_gap
+        per distinct reason (driver/health/nvml_gap.py)."""
+        from driver.health.nvml_gap import REASON, missing_gpus, nvml_gap
 
         if self.metrics is not None:
             self.metrics.nvml_missing_gpus.set(missing_gpus(inv))
@@ -636,8 +640,9 @@ class Daemon:
         self._post_node_event(gap, REASON)
 
     def _vendor_cdi(self) -> VendorCdi:
-        from . import cdi
-        from .vendor_cdi import VendorCdi, spec_dirs
+        from discovery.vendor_cdi import spec_dirs
+        from driver.kubelet import cdi
+        from driver.kubelet.vendor_cdi import VendorCdi
 
         cfg = self.cfg
         # toposlice's own spec files (one per claim, and the device metadata specs
@@ -656,7 +661,7 @@ class Daemon:
         state = self.state
         if state is None or state.vendor_cdi is None:
             return
-        from .vendor_cdi import EVENT_REASON
+        from driver.kubelet.vendor_cdi import EVENT_REASON
 
         gap = state.vendor_cdi.gap(self._own_gpus(inv))
         if self.metrics is not None:
@@ -685,7 +690,7 @@ class Daemon:
 
     def _post_node_event(self, message: str, reason: str, kind: str = "Warning") -> None:
         """An Event on the Node, in a thread of its own (the API may be slow)."""
-        from .nvml_gap import post_node_event
+        from driver.health.nvml_gap import post_node_event
 
         client = self.client
         if client is None:

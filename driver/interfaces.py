@@ -2,11 +2,11 @@
 
 The daemon (``driver/daemon.py``) wires concrete implementations together:
 
-- the node service (``driver/node_service.py``) prepares claims through a
+- the node service (``driver/kubelet/node_service.py``) prepares claims through a
   :class:`ClaimReader` and reads device health from a :class:`HealthFeed`;
-- the health monitor (``driver/health.py``) is the ``HealthFeed`` and tells the publisher
+- the health monitor (``driver/health/monitor.py``) is the ``HealthFeed`` and tells the publisher
   which devices to taint;
-- the HTTP server (``driver/http_server.py``) serves ``/healthz``, ``/readyz``, the
+- the HTTP server (``driver/exporter/http_server.py``) serves ``/healthz``, ``/readyz``, the
   exporter endpoints and ``/metrics`` from a :class:`ExporterView`.
 
 Everything here is a plain Protocol or frozen dataclass: no I/O, no imports of the parts.

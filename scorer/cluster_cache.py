@@ -1,6 +1,6 @@
 """What the extender knows about the cluster, kept by informers and read without I/O.
 
-Four informers (driver/informer.py: one LIST, then a WATCH resumed from its
+Four informers (driver/plumbing/informer.py: one LIST, then a WATCH resumed from its
 resourceVersion) feed one cache:
 
 - **Nodes**: labels (the workload's ``nodeLabels`` constraints) and the InternalIP (the
@@ -33,7 +33,7 @@ from .request import BOUND_ANNOTATION
 if TYPE_CHECKING:
     from kubernetes.client import ApiClient
 
-    from driver.informer import Informer
+    from driver.plumbing.informer import Informer
 
 log = logging.getLogger(__name__)
 
@@ -262,7 +262,7 @@ class ClusterCache:
 
     def apply(self, kind: str, typ: str, obj: dict[str, Any]) -> None:
         """Feed one API object as an informer would (tests, the bench)."""
-        from driver.informer import object_key
+        from driver.plumbing.informer import object_key
 
         transform, handler = self._kinds()[kind]
         key = object_key(obj)
@@ -294,11 +294,11 @@ class ClusterCache:
         """List + watch the four kinds through ``client`` (each in its own thread)."""
         from kubernetes.client import CoreV1Api, ResourceV1Api
 
-        from driver.informer import Informer
+        from driver.plumbing.informer import Informer
 
         core, res = CoreV1Api(client), ResourceV1Api(client)
         # The API server's URL: after the server went away each informer waits for its
-        # port to open, and a moment more, before it retries (driver/informer.py).
+        # port to open, and a moment more, before it retries (driver/plumbing/informer.py).
         args: dict[str, Any] = {"server": client.configuration.host, **informer_args}
         ours = {"field_selector": f"spec.driver={self.driver}"}
         self.informers = [

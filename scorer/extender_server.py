@@ -1,4 +1,4 @@
-"""The extender's HTTP routes on the project's one HTTP stack (driver/http_transport.py).
+"""The extender's HTTP routes on the project's one HTTP stack (driver/plumbing/http_transport.py).
 
 ``POST <prefix>/filter`` and ``POST <prefix>/prioritize`` take kube-scheduler's
 ExtenderArgs (any path ending in the verb, so a ``urlPrefix`` with a path works);
@@ -22,7 +22,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.registry import Collector
 
-from driver.http_transport import HttpTransport, Limits, Reply, Request
+from driver.plumbing.http_transport import HttpTransport, Limits, Reply, Request
 
 from .extender import Extender, WouldWait, filter_error
 

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from driver.interfaces import ClaimNotFound, DeviceHealth
-from driver.state import DriverState, FailPoint
-from driver.vendor_cdi import VendorCdi
+from driver.kubelet.state import DriverState, FailPoint
+from driver.kubelet.vendor_cdi import VendorCdi
 from normalize.snapshot import Snapshot, build_snapshot
 from toposlice.sources import add_source_args, load_inventory
 
@@ -110,7 +110,7 @@ class FakeHealth:
 
 def device_node_paths(snap: Snapshot) -> list[str]:
     """Every device node a claim of the machine's GPUs and NICs could name."""
-    from driver.container_edits import gpu_edits, nic_edits
+    from driver.kubelet.container_edits import gpu_edits, nic_edits
 
     inv = snap.inventory
     edits = [gpu_edits(inv, g.bus_id, g) for g in inv.gpus]

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from driver.interfaces import DeviceHealth, DriverStatus
-from driver.observe import load_slice_files
+from driver.publisher.observe import load_slice_files
 from normalize.snapshot import Snapshot, build_snapshot
 from tests.kubeapi import KubeAPIServer
 from toposlice.discover import discover

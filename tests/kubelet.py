@@ -13,7 +13,7 @@ from typing import Any
 
 import grpc
 
-from driver.gen import (
+from driver.plumbing.gen import (
     dra_v1_pb2,
     dra_v1_pb2_grpc,
     dra_v1beta1_pb2,

@@ -553,7 +553,7 @@ _GROUP = {
     "resourceclaims": "resource.k8s.io",
     "resourceclaimtemplates": "resource.k8s.io",
     "nodes": "",
-    # The Node Events of driver/nvml_gap.py (the fake GPUs have no vendor CDI spec).
+    # The Node Events of driver/health/nvml_gap.py (the fake GPUs have no vendor CDI spec).
     "events": "",
 }
 
@@ -608,7 +608,7 @@ def api_calls(sources: Iterator[Path] | None = None) -> set[tuple[str, str, str]
                 if isinstance(a, ast.Attribute)
             ]
             is_stream = isinstance(node.func, ast.Attribute) and node.func.attr == "stream"
-            # driver/informer.py lists, then watches, with the list method it is handed.
+            # driver/plumbing/informer.py lists, then watches, with the list method it is handed.
             informer = isinstance(node.func, ast.Name) and node.func.id == "Informer"
             watching = (
                 is_stream
@@ -626,7 +626,7 @@ def api_calls(sources: Iterator[Path] | None = None) -> set[tuple[str, str, str]
             if isinstance(node.func, ast.Name):
                 callee = node.func.id
             if callee == "collection_lister" and len(node.args) == 2:
-                # driver/kube.py's list call of a collection, handed to an Informer: it
+                # driver/plumbing/kube.py's list call of a collection, handed to an Informer: it
                 # lists, then watches.
                 text = _resolve(ast.unparse(node.args[1]), assigned)
                 m3 = re.search(r"/(?:api/v1|apis/([a-z0-9.]+)/v1)/([a-z]+)$", text)

@@ -157,7 +157,7 @@ def test_serve_while_discovering(tmp_path: Path) -> None:
     ("command", "module"),
     [
         (["serve", "--fake", "cpu-2s", "--http-addr", "127.0.0.1:0"], "toposlice.cli"),
-        (["serve", "--fake", "cpu-2s", "--http-addr", "127.0.0.1:0"], "driver.config"),
+        (["serve", "--fake", "cpu-2s", "--http-addr", "127.0.0.1:0"], "driver.plumbing.checks"),
         (["score", "--request", "req.yaml", "--fake", "dgx-h100"], "scorer.request"),
         (["gather", "--fake", "dgx-h100", "--output-file", "x.tar.gz"], "discovery.gather"),
     ],

@@ -26,7 +26,7 @@ from tests.kubelet import run_argv
 
 REPO = Path(__file__).resolve().parent.parent
 NODE = "n1"
-#: driver/logs.py TEXT_FORMAT, as it prints.
+#: driver/plumbing/logs.py TEXT_FORMAT, as it prints.
 TEXT_LINE = re.compile(
     r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (DEBUG|INFO|WARNING|ERROR|CRITICAL) [\w.]+: \S"
 )

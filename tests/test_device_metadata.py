@@ -14,10 +14,10 @@ from typing import Any
 import jsonschema
 import pytest
 
-from driver import cdi
-from driver.checkpoint import ClaimRecord, load_checkpoint
-from driver.config import ConfigError, add_driver_args, load_config
-from driver.device_metadata import (
+from driver.config import add_driver_args, load_config
+from driver.kubelet import cdi
+from driver.kubelet.checkpoint import ClaimRecord, load_checkpoint
+from driver.kubelet.device_metadata import (
     CONTAINER_ROOT,
     POD_CLAIM_NAME_ANNOTATION,
     MetadataWriter,
@@ -26,7 +26,8 @@ from driver.device_metadata import (
     group_requests,
     metadata_object,
 )
-from driver.state import ClaimRef, DriverState
+from driver.kubelet.state import ClaimRef, DriverState
+from driver.plumbing.checks import ConfigError
 from normalize.options import NormalizeOptions
 from normalize.snapshot import Snapshot
 from tests.driver_support import DRIVER, NODE, FakeClaims, claim, device_names, snapshot

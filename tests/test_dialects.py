@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from driver.neighbours import NeighbourWatch
+from driver.publisher.neighbours import NeighbourWatch
 from normalize.crossdriver import Neighbourhood, neighbourhood, normalization_report
 from normalize.dialects import bridge_devices
 from normalize.options import NormalizeOptions

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from driver.observe import load_slice_files, registered_drivers
+from driver.publisher.observe import load_slice_files, registered_drivers
 from normalize.crossdriver import normalization_report, registered_driver
 from normalize.options import NormalizeOptions
 from normalize.slices import build_slices
@@ -216,8 +216,8 @@ def _registration_socket_is_asked(tmp_path: Path) -> None:
 
     import grpc
 
-    from driver.gen import pluginregistration_pb2 as pb
-    from driver.gen import pluginregistration_pb2_grpc as pb_grpc
+    from driver.plumbing.gen import pluginregistration_pb2 as pb
+    from driver.plumbing.gen import pluginregistration_pb2_grpc as pb_grpc
 
     class Registration(pb_grpc.RegistrationServicer):
         def GetInfo(self, request: pb.InfoRequest, context: grpc.ServicerContext) -> pb.PluginInfo:
@@ -241,7 +241,7 @@ def _registration_socket_is_asked(tmp_path: Path) -> None:
 def test_doctor_reports_gpus_without_a_vendor_cdi_device(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The node's vendor CDI gap (driver/vendor_cdi.py), one warning per GPU whose kernel
+    """The node's vendor CDI gap (discovery/vendor_cdi.py), one warning per GPU whose kernel
     driver is bound; a spec file the runtime would skip is named too."""
     from tests import vendor_specs
 

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from kubernetes.client import ApiClient, Configuration
 
-from driver.claims import KubeClaimReader
 from driver.interfaces import ClaimNotFound
+from driver.kubelet.claims import KubeClaimReader
 from tests.driver_support import claim
 
 
@@ -111,7 +111,7 @@ def test_token_refresh_hook_runs_at_most_once_per_ttl(
 ) -> None:
     """The configuration's refresh hook (token rotation) is not run per request, but a
     rotated token is sent once the cached header is AUTH_TTL_S old."""
-    import driver.kube
+    import driver.plumbing.kube
 
     state, client = api
     state.answers[PATH] = [(200, claim("uid-1", [], name="c1", namespace="ns1"))]
@@ -127,13 +127,13 @@ def test_token_refresh_hook_runs_at_most_once_per_ttl(
     cfg.api_key["BearerToken"] = "t0"
     cfg.refresh_api_key_hook = refresh
     now = [1000.0]
-    monkeypatch.setattr(driver.kube, "monotonic", lambda: now[0])
+    monkeypatch.setattr(driver.plumbing.kube, "monotonic", lambda: now[0])
     reader = KubeClaimReader(client)
     for _ in range(3):
         reader.get_claim("ns1", "c1")
     assert hooks == ["t1"]
     assert state.auth == ["Bearer t1"] * 3
-    now[0] += driver.kube.AUTH_TTL_S
+    now[0] += driver.plumbing.kube.AUTH_TTL_S
     reader.get_claim("ns1", "c1")
     assert hooks == ["t1", "t2"]
     assert state.auth[-1] == "Bearer t2"

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from driver.config import ConfigError, DaemonConfig, add_driver_args, load_config
+from driver.config import DaemonConfig, add_driver_args, load_config
+from driver.plumbing.checks import ConfigError
 from toposlice.sources import add_normalize_args, add_source_args, normalize_options
 
 ENV = (

@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 
 from discovery.model import Inventory
-from driver.checkpoint import ClaimRecord, load_checkpoint, read_boot_id, save_checkpoint
 from driver.config import DaemonConfig
 from driver.daemon import Daemon, StartupError
-from driver.health import HealthEvent, xid_event
+from driver.health.monitor import HealthEvent, xid_event
+from driver.kubelet.checkpoint import ClaimRecord, load_checkpoint, read_boot_id, save_checkpoint
 from normalize.options import NormalizeOptions
 from tests.kubeapi import KubeAPIServer
 from tests.kubelet import NodeClient, allocated_claim, register, wait_for

@@ -14,8 +14,12 @@ from typing import Any
 import grpc
 import pytest
 
-from driver.dra_server import DraServer, start_dra_server
-from driver.gen import (
+from driver.interfaces import DeviceHealth
+from driver.kubelet.dra_server import DraServer, start_dra_server
+from driver.kubelet.registration import Registrar, start_registration
+from driver.kubelet.sockets import SocketInUse
+from driver.kubelet.state import DriverState
+from driver.plumbing.gen import (
     dra_v1_pb2,
     dra_v1_pb2_grpc,
     dra_v1beta1_pb2,
@@ -27,10 +31,6 @@ from driver.gen import (
     pluginregistration_pb2,
     pluginregistration_pb2_grpc,
 )
-from driver.interfaces import DeviceHealth
-from driver.registration import Registrar, start_registration
-from driver.sockets import SocketInUse
-from driver.state import DriverState
 from tests.driver_support import (
     DRIVER,
     NODE,

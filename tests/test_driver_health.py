@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 
 from discovery.model import Inventory
-from driver.health import HealthEvent, HealthMonitor, sysfs_link_reader, xid_event
-from driver.hotplug import Debouncer
-from driver.kube import build_api_client
-from driver.nvml_events import NvmlXidSource
-from driver.publisher import SlicePublisher
+from driver.health.monitor import HealthEvent, HealthMonitor, sysfs_link_reader, xid_event
+from driver.health.nvml_events import NvmlXidSource
+from driver.plumbing.hotplug import Debouncer
+from driver.plumbing.kube import build_api_client
+from driver.publisher.slices import SlicePublisher
 from normalize.snapshot import Snapshot, build_snapshot
 from tests.kubeapi import KubeAPIServer
 from toposlice.discover import discover

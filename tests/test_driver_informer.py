@@ -1,4 +1,4 @@
-"""driver/informer.py against the test API server: after ``410 Gone`` the state comes
+"""driver/plumbing/informer.py against the test API server: after ``410 Gone`` the state comes
 back by a streaming list (one WATCH with ``sendInitialEvents``) where the server has them,
 by LIST + WATCH where it refuses or ignores them; after the server went away the retry
 waits for the port to open, and a moment more (the window in which a just-started
@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from driver.informer import Informer, accepts_connections, timed_out
-from driver.kube import build_api_client, collection_lister, request_json
+from driver.plumbing.informer import Informer, accepts_connections, timed_out
+from driver.plumbing.kube import build_api_client, collection_lister, request_json
 from tests.kubeapi import KubeAPIServer
 from tests.kubelet import wait_for
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from driver.kube import build_api_client, failure, get_node, no_answer_reason
-from driver.logs import setup_logging
+from driver.plumbing.kube import build_api_client, failure, get_node, no_answer_reason
+from driver.plumbing.logs import setup_logging
 
 
 def _closed_port() -> int:

@@ -11,8 +11,8 @@ import pytest
 
 from discovery.model import Inventory, NvLink
 from discovery.readers import parse_cpumask
-from driver.nccl_topo import build_topology
-from driver.state import ClaimRef
+from driver.kubelet.state import ClaimRef
+from normalize.nccl_topo import build_topology
 from tests.driver_support import FakeClaims, claim, make_state, snapshot
 
 _ATTR = re.compile(r'\s([A-Za-z_]+)="[^"]*"')

@@ -11,7 +11,7 @@ from types import ModuleType
 import pytest
 from google.protobuf.descriptor import FieldDescriptor
 
-from driver.gen import (
+from driver.plumbing.gen import (
     dra_v1_pb2,
     dra_v1beta1_pb2,
     drahealth_v1_pb2,
@@ -192,11 +192,11 @@ def test_health_enum_values() -> None:
 
 def test_full_method_paths() -> None:
     """The grpc stubs dial exactly the paths the kubelet uses."""
-    src = (REPO / "driver" / "gen" / "dra_v1_pb2_grpc.py").read_text()
+    src = (REPO / "driver" / "plumbing" / "gen" / "dra_v1_pb2_grpc.py").read_text()
     assert "'/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources'" in src
-    src = (REPO / "driver" / "gen" / "pluginregistration_pb2_grpc.py").read_text()
+    src = (REPO / "driver" / "plumbing" / "gen" / "pluginregistration_pb2_grpc.py").read_text()
     assert "'/pluginregistration.Registration/GetInfo'" in src
-    src = (REPO / "driver" / "gen" / "drahealth_v1alpha1_pb2_grpc.py").read_text()
+    src = (REPO / "driver" / "plumbing" / "gen" / "drahealth_v1alpha1_pb2_grpc.py").read_text()
     assert "'/v1alpha1.DRAResourceHealth/NodeWatchResources'" in src
 
 
@@ -229,9 +229,13 @@ def test_committed_stubs_match_protos(tmp_path: Path) -> None:
     pytest.importorskip("grpc_tools")
     gen = _load_gen_script()
     written = gen.generate(tmp_path)
-    committed = sorted(p.name for p in (REPO / "driver" / "gen").glob("*.py"))
+    committed = sorted(p.name for p in (REPO / "driver" / "plumbing" / "gen").glob("*.py"))
     assert [p.name for p in written] == committed
     for path in written:
         fresh = _unstamped(path.read_text(encoding="utf-8"))
-        old = _unstamped((REPO / "driver" / "gen" / path.name).read_text(encoding="utf-8"))
-        assert fresh == old, f"driver/gen/{path.name} is stale: run python3 hack/gen_protos.py"
+        old = _unstamped(
+            (REPO / "driver" / "plumbing" / "gen" / path.name).read_text(encoding="utf-8")
+        )
+        assert fresh == old, (
+            f"driver/plumbing/gen/{path.name} is stale: run python3 hack/gen_protos.py"
+        )

@@ -1,5 +1,5 @@
 """The ResourceSlice publisher against the test API server: writes counted, failures played;
-what it knows of the server comes from one LIST and a WATCH (driver/server_view.py)."""
+what it knows of the server comes from one LIST and a WATCH (driver/plumbing/server_view.py)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from driver.kube import build_api_client
-from driver.publisher import PublishError, SlicePublisher
+from driver.plumbing.kube import build_api_client
+from driver.publisher.slices import PublishError, SlicePublisher
 from normalize.snapshot import build_snapshot
 from normalize.validation import validate_pool
 from tests.kubeapi import KubeAPIServer
@@ -225,7 +225,7 @@ def test_backoff_is_bounded_with_jitter(kubeconfig: str) -> None:
     assert all(0 < d <= 30 for d in delays)
     assert delays[0] <= 0.5 and max(delays) > 14
     assert len({round(d, 6) for d in delays[10:]}) > 1  # jitter at the cap
-    from driver.kube import ApiFailure
+    from driver.plumbing.kube import ApiFailure
 
     assert pub.backoff(3, ApiFailure(429, 7.0, "slow down")) == 7.0
     assert pub.backoff(3, ApiFailure(429, 999.0, "slow down")) == 30

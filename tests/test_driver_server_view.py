@@ -1,6 +1,6 @@
-"""driver/server_view.py: the watch's view of the driver's own objects with its writes'
+"""driver/plumbing/server_view.py: the watch's view of the driver's own objects with its writes'
 answers laid over it until the watch shows them, and the bounds of the informer's
-jittered delays (driver/informer.py) the view and the publisher retry with."""
+jittered delays (driver/plumbing/informer.py) the view and the publisher retry with."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from driver.informer import Informer
-from driver.kube import build_api_client, collection_lister, request_json
-from driver.server_view import ServerView, rv_int
+from driver.plumbing.informer import Informer
+from driver.plumbing.kube import build_api_client, collection_lister, request_json
+from driver.plumbing.server_view import ServerView, rv_int
 from tests.kubeapi import KubeAPIServer
 from tests.kubelet import wait_for
 

@@ -14,10 +14,10 @@ from typing import Any
 import jsonschema
 import pytest
 
-from driver import cdi
-from driver.checkpoint import load_checkpoint
-from driver.container_edits import NCCL_TOPO_CONTAINER_PATH
-from driver.state import ClaimRef, DriverState
+from driver.kubelet import cdi
+from driver.kubelet.checkpoint import load_checkpoint
+from driver.kubelet.container_edits import NCCL_TOPO_CONTAINER_PATH
+from driver.kubelet.state import ClaimRef, DriverState
 from tests.driver_support import (
     FakeClaims,
     claim,
@@ -438,7 +438,7 @@ import os, signal, sys
 from collections.abc import Callable
 from pathlib import Path
 from tests.driver_support import FakeClaims, claim, make_state
-from driver.state import ClaimRef
+from driver.kubelet.state import ClaimRef
 reader = FakeClaims()
 c = reader.add(claim("u-kill", sys.argv[2].split(",")))
 def die(step):

@@ -13,7 +13,7 @@ import jsonschema
 import pytest
 
 from discovery.fake import list_machines
-from driver.http_server import HttpServer, Limits, parse_addr
+from driver.exporter.http_server import HttpServer, Limits, parse_addr
 from driver.interfaces import DriverStatus
 from normalize.devices import build_devices
 from tests.exporter_view import View, connect, read_response, request, snapshot_of, wait_for

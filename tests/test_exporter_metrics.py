@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from driver.http_server import HttpServer
+from driver.exporter.http_server import HttpServer
+from driver.exporter.links import degraded_link_warnings, pcie_links
+from driver.exporter.metrics import MAX_METHODS, DriverMetrics
 from driver.interfaces import DeviceHealth, DriverStatus
-from driver.links import degraded_link_warnings, pcie_links
-from driver.metrics import MAX_METHODS, DriverMetrics
 from normalize.snapshot import build_snapshot
 from tests.exporter_view import View, request, snapshot_of
 

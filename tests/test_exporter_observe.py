@@ -15,8 +15,8 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from driver.http_server import HttpServer
-from driver.observe import ApiSlices, Observer
+from driver.exporter.http_server import HttpServer
+from driver.publisher.observe import ApiSlices, Observer
 from tests.exporter_view import (
     FOREIGN_SLICE_FILES,
     View,

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from driver.http_server import HttpServer
+from driver.exporter.http_server import HttpServer
 from driver.interfaces import DeviceHealth
 from tests.exporter_view import View, request, snapshot_of
 

@@ -22,9 +22,9 @@ import pytest
 
 from discovery.fake import list_machines
 from discovery.model import Gpu, Inventory, Nic
-from driver.nccl_topo import nccl_bus_id, nic_bus_id
-from driver.state import ClaimRef
+from driver.kubelet.state import ClaimRef
 from normalize.cpugroups import device_numa
+from normalize.nccl_topo import nccl_bus_id, nic_bus_id
 from normalize.relations import (
     matrix_nics,
     numa_identity,

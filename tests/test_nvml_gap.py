@@ -1,4 +1,4 @@
-"""NVIDIA GPUs published without NVML are said loudly (driver/nvml_gap.py): the gap is
+"""NVIDIA GPUs published without NVML are said loudly (driver/health/nvml_gap.py): the gap is
 detected from the inventory, and a running daemon reports it on /readyz, in its metrics
 and as a Warning Event on its Node, once per distinct reason."""
 
@@ -15,7 +15,7 @@ import pytest
 
 from discovery.model import Inventory, ProbeStatus
 from driver.daemon import Daemon
-from driver.nvml_gap import REASON, missing_gpus, node_event, nvml_gap
+from driver.health.nvml_gap import REASON, missing_gpus, node_event, nvml_gap
 from tests.kubeapi import KubeAPIServer
 from tests.kubelet import register, wait_for
 from tests.test_driver_daemon import DRIVER, NODE, config

@@ -7,7 +7,7 @@ import threading
 from types import SimpleNamespace
 from typing import Any
 
-from driver.node_pods import NodePods
+from driver.publisher.node_pods import NodePods
 from normalize.pod_fingerprint import counted, sign
 
 

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import yaml
 
-from driver.http_server import HttpServer
+from driver.exporter.http_server import HttpServer
 from scorer.cluster_cache import ClusterCache, claim_counts
 from scorer.extender import Extender, wire_field
 from scorer.extender_server import ExtenderServer

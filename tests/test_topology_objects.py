@@ -21,10 +21,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 from kubernetes.client.exceptions import ApiException
 
-import driver.topology_objects as topo
+import driver.publisher.topology_objects as topo
 from discovery.model import Inventory
-from driver.config import ConfigError, add_driver_args, load_config
-from driver.topology_objects import (
+from driver.config import add_driver_args, load_config
+from driver.plumbing.checks import ConfigError
+from driver.publisher.topology_objects import (
     NODE_FEATURE_KIND,
     NRT_KIND,
     ObjectError,
@@ -754,7 +755,7 @@ def test_chart_ships_the_deny_mode_rule_as_built() -> None:
 def test_chart_grants_the_pods_watch_exactly_with_the_fingerprint() -> None:
     chart = pytest.importorskip("tests.test_chart")
     root = Path(__file__).resolve().parent.parent
-    calls = chart.api_calls(iter([root / "driver" / "node_pods.py"]))
+    calls = chart.api_calls(iter([root / "driver" / "publisher" / "node_pods.py"]))
     assert calls == {("", "pods", "list"), ("", "pods", "watch")}
 
     def pods_granted(values: dict[str, Any] | None) -> set[tuple[str, str, str]]:

@@ -1,4 +1,4 @@
-"""Vendor CDI devices in a claim's answer (driver/vendor_cdi.py, issue #21): lookup by UUID
+"""Vendor CDI devices in a claim's answer (driver/kubelet/vendor_cdi.py, issue #21): lookup by UUID
 and by NVML index, YAML and JSON specs, stale specs, a spec naming a node the host lacks,
 two GPUs sharing one control node, the spec directories' priority and conflict rules, the
 parse cache, the checkpoint, and the node's gap line."""
@@ -14,10 +14,11 @@ from typing import Any
 import jsonschema
 import pytest
 
-from driver import cdi
-from driver.checkpoint import ClaimRecord, PreparedDevice, load_checkpoint
-from driver.state import ClaimRef, DriverState
-from driver.vendor_cdi import NVIDIA_KIND, SpecError, VendorCdi, parse_spec, spec_dirs
+from discovery.vendor_cdi import NVIDIA_KIND, SpecError, parse_spec, spec_dirs
+from driver.kubelet import cdi
+from driver.kubelet.checkpoint import ClaimRecord, PreparedDevice, load_checkpoint
+from driver.kubelet.state import ClaimRef, DriverState
+from driver.kubelet.vendor_cdi import VendorCdi
 from tests import vendor_specs
 from tests.driver_support import FakeClaims, claim, device_names, make_state, snapshot
 
@@ -387,7 +388,7 @@ def test_daemon_says_the_gap_once_per_node(tmp_path: Path) -> None:
     import urllib.request
 
     from driver.daemon import Daemon
-    from driver.vendor_cdi import EVENT_REASON
+    from driver.kubelet.vendor_cdi import EVENT_REASON
     from tests.kubeapi import KubeAPIServer
     from tests.kubelet import register, wait_for
     from tests.test_driver_daemon import DRIVER, NODE, config
@@ -447,7 +448,7 @@ def test_gpus_toposlice_does_not_publish_need_no_vendor_device(tmp_path: Path) -
     import copy
 
     from driver.daemon import Daemon
-    from driver.vendor_cdi import EVENT_REASON
+    from driver.kubelet.vendor_cdi import EVENT_REASON
     from tests.kubeapi import KubeAPIServer
     from tests.test_driver_daemon import NODE, config
 

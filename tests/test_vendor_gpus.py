@@ -15,7 +15,7 @@ import yaml
 
 from discovery.fake import load_machine
 from discovery.fake.mock_nvml_profile import architecture, mock_nvml_profile
-from driver.state import ClaimRef, DriverState
+from driver.kubelet.state import ClaimRef, DriverState
 from normalize.deviceclasses import device_classes
 from normalize.vendor_view import beside_vendor, vendor_device_class
 from scorer.allocator import Allocator

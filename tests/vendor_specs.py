@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from discovery.model import Inventory
-from driver.container_edits import amd_render_minor
+from discovery.vendor_cdi import amd_render_minor
 
 CONTROL_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 LIB_DIR = "/usr/lib/x86_64-linux-gnu"

@@ -304,7 +304,9 @@ def one_line(exc: BaseException) -> str:
         text = str(exc)
         cause = exc.__cause__
         if cause is not None and type(cause).__module__.startswith("yaml") and str(cause) in text:
-            from driver.config import yaml_error_line  # PyYAML's text spans lines, with a snippet
+            from driver.plumbing.checks import (
+                yaml_error_line,  # PyYAML's text spans lines, with a snippet
+            )
 
             text = text.split(str(cause))[0] + yaml_error_line(cause)
     return " ".join(text.split()) or type(exc).__name__
@@ -342,7 +344,7 @@ def _run(args: argparse.Namespace) -> int:
 
     opts = normalize_options(args)
     if args.command == "slices":
-        from driver.config import check_names
+        from driver.plumbing.checks import check_names
         from normalize.slices import build_slices_reported
         from toposlice.sources import node_name_of
 

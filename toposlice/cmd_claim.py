@@ -12,7 +12,7 @@ from toposlice.output import dump
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from driver.flag_types import count
+    from driver.plumbing.flag_types import count
     from scorer.request import PATTERNS
 
     p.add_argument("--gpus", type=count(1, 64), help="GPUs per pod, 1..64 (or from --request)")

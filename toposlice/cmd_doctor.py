@@ -75,7 +75,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from driver.observe import ApiSlices, registered_drivers
+    from driver.publisher.observe import ApiSlices, registered_drivers
     from normalize.crossdriver import normalization_report
     from normalize.snapshot import build_snapshot
     from toposlice.output import dump
@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     if args.slices:
         slices = _slice_files(args.slices)
     else:
-        from driver.config import check_kubeconfig
+        from driver.plumbing.checks import check_kubeconfig
 
         check_kubeconfig(args.kubeconfig)
     inv = load_inventory(args)
@@ -138,8 +138,8 @@ VENDOR_CDI_CHECK = "vendor-cdi-missing"
 
 def vendor_cdi_findings(args: argparse.Namespace, inv: Inventory) -> list[Finding]:
     """One warning per GPU whose kernel driver is bound but that has no usable vendor CDI
-    device (driver/vendor_cdi.py): its pods would get no driver libraries."""
-    from driver.vendor_cdi import DEFAULT_SPEC_DIRS, KERNEL_DRIVERS, KIND_OF, VendorCdi
+    device (discovery/vendor_cdi.py): its pods would get no driver libraries."""
+    from discovery.vendor_cdi import DEFAULT_SPEC_DIRS, KERNEL_DRIVERS, KIND_OF, VendorCdi
     from normalize.crossdriver import Finding
     from toposlice.sources import host_root
 
@@ -176,7 +176,7 @@ def vendor_cdi_findings(args: argparse.Namespace, inv: Inventory) -> list[Findin
 def _slice_files(paths: list[str]) -> list[dict[str, Any]]:
     """The ResourceSlices of each ``--slices`` file; ValueError for a file with none (a YAML
     string, another kind), naming it."""
-    from driver.observe import load_slice_files
+    from driver.publisher.observe import load_slice_files
 
     out: list[dict[str, Any]] = []
     for path in paths:

@@ -1,6 +1,6 @@
 """``toposlice nccl-topo [--devices …]``: the NCCL topology XML the driver writes for claims.
 
-The same writer as claim preparation (``driver.nccl_topo.build_topology``, which the CDI
+The same writer as claim preparation (``normalize.nccl_topo.build_topology``, which the CDI
 prepare path calls with the claim's GPUs and NICs): for the whole node by default, or for
 the GPUs and NICs ``--devices`` names (``GPU0,NIC3`` as ``toposlice graph`` lists them, DRA
 device names, or PCI bus ids). ``--output-file FILE`` writes it atomically (for
@@ -43,8 +43,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from driver.nccl_topo import build_topology, resolve_devices
     from normalize.device_refs import split_refs
+    from normalize.nccl_topo import build_topology, resolve_devices
     from normalize.snapshot import build_snapshot
     from toposlice.output import OUTPUT_FILE, check_output_file, write_output_file
     from toposlice.sources import check_source, load_inventory, normalize_options

@@ -36,7 +36,7 @@ def _nvml_sources(daemon: Any) -> None:
     try:
         import pynvml
 
-        from driver.nvml_events import NvmlXidSource
+        from driver.health.nvml_events import NvmlXidSource
         from plugins.nvidia import preload_from_driver_root
 
         preload_from_driver_root()  # $NVIDIA_DRIVER_ROOT: the chart's driver-root mode
@@ -47,8 +47,9 @@ def _nvml_sources(daemon: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from driver.config import ConfigError, ListenError, check_listen, load_config
-    from driver.logs import setup_logging
+    from driver.config import load_config
+    from driver.plumbing.checks import ConfigError, ListenError, check_listen
+    from driver.plumbing.logs import setup_logging
     from toposlice.sources import check_source, normalize_options
 
     live = not (args.fake or args.inventory or getattr(args, "gathered", None))

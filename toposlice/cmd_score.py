@@ -11,7 +11,7 @@ from toposlice.output import dump
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from driver.flag_types import count
+    from driver.plumbing.flag_types import count
 
     p.add_argument("--request", required=True, metavar="REQ.yaml", help="workload request file")
     src = p.add_argument_group("nodes (at least one)")

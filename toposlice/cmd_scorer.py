@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from driver.logs import add_log_args, setup_from_args
+from driver.plumbing.logs import add_log_args, setup_from_args
 
 log = logging.getLogger("toposlice.scorer")
 
@@ -63,7 +63,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _api_client() -> Any:
     """In-cluster when running in a pod, else ``$KUBECONFIG`` or ``~/.kube/config``."""
-    from driver.kube import build_api_client
+    from driver.plumbing.kube import build_api_client
 
     if os.environ.get("KUBERNETES_SERVICE_HOST"):
         return build_api_client(None)
@@ -74,7 +74,7 @@ def _api_client() -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    from driver.config import parse_http_addr
+    from driver.plumbing.checks import parse_http_addr
 
     host, port = parse_http_addr(args.http_addr)  # bad: exit 2 before any work
     if args.fetch_workers < 1:

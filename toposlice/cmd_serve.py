@@ -14,7 +14,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from driver.logs import add_log_args, setup_from_args
+from driver.plumbing.logs import add_log_args, setup_from_args
 from toposlice.sources import (
     add_node_name_arg,
     add_normalize_args,
@@ -28,7 +28,7 @@ log = logging.getLogger("toposlice.serve")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from driver.flag_types import seconds
+    from driver.plumbing.flag_types import seconds
 
     add_source_args(p)
     add_normalize_args(p)
@@ -85,7 +85,7 @@ class ServeView:
     nothing is allocated."""
 
     def __init__(self, driver: str = "toposlice.dev") -> None:
-        from driver.health import HealthMonitor
+        from driver.health.monitor import HealthMonitor
 
         self._snapshot: Any = None
         self.last_error = ""
@@ -111,20 +111,20 @@ class ServeView:
 
 
 def run(args: argparse.Namespace) -> int:
-    from driver.config import parse_http_addr
-    from driver.http_server import HttpServer
-    from driver.metrics import DriverMetrics
+    from driver.exporter.http_server import HttpServer
+    from driver.exporter.metrics import DriverMetrics
+    from driver.plumbing.checks import parse_http_addr
     from toposlice.render import graph_to_dot
 
     # Bad flags exit 2 before anything binds (cli.main prints the ValueError in one line).
     parse_http_addr(args.http_addr)
     check_source(args)
     if args.slices:
-        from driver.observe import load_slice_files
+        from driver.publisher.observe import load_slice_files
 
         load_slice_files(args.slices)  # unreadable or not YAML: ValueError naming the file
     elif args.observe and args.kubeconfig:
-        from driver.config import check_kubeconfig
+        from driver.plumbing.checks import check_kubeconfig
 
         check_kubeconfig(args.kubeconfig)
     setup_from_args(args)
@@ -232,7 +232,7 @@ def _serve(
 
 
 def _observer(args: argparse.Namespace, view: ServeView, server: Any, own_driver: str) -> Any:
-    from driver.observe import ApiSlices, Observer, load_slice_files
+    from driver.publisher.observe import ApiSlices, Observer, load_slice_files
 
     files = list(args.slices or [])
     if files:

@@ -66,7 +66,7 @@ def write_output_file(flag: str, path: str, data: bytes) -> None:
     """``data`` to ``path`` atomically (temp + fsync + rename), errors naming ``flag``."""
     from pathlib import Path
 
-    from driver.atomic import write_atomic
+    from driver.plumbing.atomic import write_atomic
 
     check_output_file(flag, path)
     try:

@@ -54,7 +54,7 @@ def add_normalize_args(p: argparse.ArgumentParser, *, driver_env: bool = False) 
     """The normalization flags; ``driver_env``: ``--driver`` defaults to ``$DRIVER_NAME``
     (``run``, whose chart sets it)."""
     if driver_env:
-        from driver.config import driver_default
+        from driver.plumbing.checks import driver_default
 
         p.add_argument(
             "--driver",
@@ -127,7 +127,7 @@ def static_bridges(value: str | None) -> tuple[str, ...]:
 def add_node_name_arg(p: argparse.ArgumentParser) -> None:
     """``--node-name``, defaulting to ``$NODE_NAME`` as in ``run``, then the host name, so
     ``slices`` in the plugin's pod prints what ``run`` publishes there."""
-    from driver.config import node_name_default
+    from driver.plumbing.checks import node_name_default
 
     p.add_argument(
         "--node-name",
@@ -139,11 +139,11 @@ def add_node_name_arg(p: argparse.ArgumentParser) -> None:
 
 def check_node_name(args: argparse.Namespace) -> None:
     """Refuse a ``--node-name`` (or ``$NODE_NAME``) the API server would refuse, an empty
-    one included: the rule and wording of ``run`` (``driver.config.node_name_errors``)."""
+    one included: the rule and wording of ``run`` (``driver.plumbing.checks.node_name_errors``)."""
     name = getattr(args, "node_name", None)
     if name is None:
         return
-    from driver.config import node_name_errors
+    from driver.plumbing.checks import node_name_errors
 
     if not name:
         raise ValueError("--node-name '': give a node name, or leave the flag out")
@@ -258,7 +258,7 @@ def check_fake(fake: str) -> None:
         return
     import yaml
 
-    from driver.config import yaml_error_line
+    from driver.plumbing.checks import yaml_error_line
 
     try:
         with open(fake, encoding="utf-8") as fh:
@@ -287,7 +287,7 @@ def read_inventory_file(path: str) -> Inventory:
     except ValueError as exc:  # not JSON: YAML (a superset), or neither
         import yaml
 
-        from driver.config import yaml_error_line
+        from driver.plumbing.checks import yaml_error_line
 
         try:
             data = yaml.safe_load(text)

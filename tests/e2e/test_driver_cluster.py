@@ -23,7 +23,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from driver.nccl_topo import nic_bus_id
+from normalize.nccl_topo import nic_bus_id
 from normalize.vendor_view import vendor_slice
 from tests.e2e.cluster import Cluster, poll
 from tests.e2e.toposlice_setup import (
@@ -231,7 +231,7 @@ def test_another_nodes_slice_is_refused_with_the_policys_message(
 
 def _bus_ids(cluster: Cluster, node: str, names: set[str]) -> set[str]:
     """The NCCL bus IDs of these devices, from their published pciBusID: a NIC's ports
-    and functions are one NCCL ``pci`` element at function 0 (driver/nccl_topo.py)."""
+    and functions are one NCCL ``pci`` element at function 0 (normalize/nccl_topo.py)."""
     out = set()
     for sl in published_slices(cluster, node):
         for d in sl["spec"]["devices"]:

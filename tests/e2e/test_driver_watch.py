@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from driver.informer import Informer
-from driver.kube import collection_lister, server_url
+from driver.plumbing.informer import Informer
+from driver.plumbing.kube import collection_lister, server_url
 from tests.e2e.cluster import Cluster, poll
 from tests.e2e.toposlice_setup import (
     NodeDriver,

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from driver.observe import load_slice_files
+from driver.publisher.observe import load_slice_files
 from tests.e2e.cluster import Cluster, free_ports, poll
 from tests.e2e.toposlice_setup import remove_node_and_slices
 from tests.exporter_view import FOREIGN_SLICE_FILES

@@ -4,7 +4,7 @@ follow changes by WATCH, resume after an API-server restart from their resourceV
 
 Two nodes with this driver's slices as ``toposlice slices`` prints them, each with an
 InternalIP on the loopback network: the DGX's is served by a real exporter
-(driver/http_server.py) at 127.0.0.1:P, the other's address 127.0.0.2:P accepts
+(driver/exporter/http_server.py) at 127.0.0.1:P, the other's address 127.0.0.2:P accepts
 connections and never answers (the fault a real exporter cannot be made to show).
 """
 
@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from driver.http_server import HttpServer
+from driver.exporter.http_server import HttpServer
 from scorer.cluster_cache import ClusterCache
 from scorer.extender import Extender
 from scorer.extender_server import ExtenderServer
@@ -184,7 +184,7 @@ def test_a_watch_that_ends_resumes_from_its_resource_version(cluster: Cluster) -
     again from the last version it saw, and never lists again."""
     from kubernetes.client import CoreV1Api
 
-    from driver.informer import Informer
+    from driver.plumbing.informer import Informer
     from scorer.cluster_cache import node_info
 
     inf = Informer("Node", CoreV1Api(cluster.api_client()).list_node, node_info, watch_timeout_s=1)

@@ -24,7 +24,7 @@ from typing import Any
 import jsonschema
 import pytest
 
-from driver.device_metadata import decode_stream
+from driver.kubelet.device_metadata import decode_stream
 from tests.e2e.cluster import poll
 from tests.node.conftest import FIGURES, WORKLOAD_IMAGE
 from tests.node.node import Node
