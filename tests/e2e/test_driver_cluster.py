@@ -325,7 +325,7 @@ def _run_example(
             endpoints = {n for n in ours if not n.startswith("cpu-")}
             if endpoints:
                 (topo_file,) = topo
-                # Another driver's GPUs in the claim are in the file too (driver/state.py:
+                # Another driver's GPUs in the claim are in the file too (driver/kubelet/state.py:
                 # matched to this host's GPUs by their standard pciBusID).
                 vendor = _vendor_gpu_bus_ids(cluster, node, results)
                 want_ids = _bus_ids(cluster, node, endpoints) | vendor
