@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,19 +16,12 @@ from discovery.fake import list_machines
 from normalize.attributes import to_semver
 from normalize.limits import MAX_STRING
 from normalize.validation import validate_pool
+from tests.test_not_published import toposlice
 
-REPO = Path(__file__).resolve().parent.parent
 WARNING = re.compile(r"warn", re.IGNORECASE)
 
 
-def _toposlice(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "toposlice", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+_toposlice = toposlice
 
 
 def test_every_built_in_machine_is_listed() -> None:

@@ -20,22 +20,16 @@ import pytest
 
 from tests.consumers.readers import FIGURES, Fleet, start_fleet
 from tests.e2e.cluster import SKIP_REASON, Cluster, find_assets
-from tests.interop.peers import find_peers
+from tests.interop.peers import kit_or_skip, report_figures
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    if FIGURES:
-        terminalreporter.section("consumers tier figures")
-        for key, value in FIGURES.items():
-            terminalreporter.write_line(f"{key}: {value}")
+    report_figures(terminalreporter, "consumers tier figures", FIGURES)
 
 
 @pytest.fixture(scope="session")
 def kit() -> Path:
-    found = find_peers()
-    if found is None:
-        pytest.skip("the peers kit is missing: ../shared/peers/peers-linux-amd64.tar.xz")
-    return found
+    return kit_or_skip()
 
 
 @pytest.fixture(scope="session")

@@ -9,9 +9,7 @@ scripts, configurations and CRDs (NFD's strict NodeFeature schema included).
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,6 +20,7 @@ import yaml
 
 from tests.e2e.cluster import Cluster, poll
 from tests.e2e.toposlice_setup import NAMESPACE, NodeDriver, chart_objects
+from tests.interop.peers import run_kit_script
 
 REPO = Path(__file__).resolve().parents[2]
 MACHINES = REPO / "discovery" / "fake" / "machines"
@@ -79,22 +78,8 @@ class Fleet:
 
     def script(self, name: str, *args: str, env: dict[str, str] | None = None) -> float:
         """Run ``scripts/NAME`` with the control plane and run dirs; seconds it took."""
-        t0 = time.monotonic()
-        res = subprocess.run(
-            ["bash", str(self.kit / "scripts" / name), *args],
-            env={
-                **os.environ,
-                "KUBECTL": str(self.cluster.bin / "kubectl"),
-                "PATH": os.environ.get("PATH", "") + ":/usr/sbin:/sbin",
-                **(env or {}),
-            },
-            capture_output=True,
-            text=True,
-            timeout=240,
-        )
-        if res.returncode != 0:
-            raise RuntimeError(f"{name} failed: {(res.stderr or res.stdout).strip()[-2000:]}")
-        return time.monotonic() - t0
+        kubectl = {"KUBECTL": str(self.cluster.bin / "kubectl")}
+        return run_kit_script(self.kit, name, list(args), {**kubectl, **(env or {})})
 
     def up(self, name: str, *flags: str, env: dict[str, str] | None = None) -> float:
         """Start a reader; one more try after a failure: the kit's scripts wait for CRDs

@@ -18,17 +18,14 @@ from typing import Any
 import pytest
 
 from tests.e2e.cluster import SKIP_REASON, find_assets
-from tests.interop.peers import FIGURES, StockCluster, find_peers
+from tests.interop.peers import FIGURES, StockCluster, kit_or_skip, report_figures
 from tests.node.node import Node, missing_prerequisites, node_ip
 
 NODE_NAME = "interop-node"
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    if FIGURES:
-        terminalreporter.section("interop tier figures")
-        for key, value in FIGURES.items():
-            terminalreporter.write_line(f"{key}: {value}")
+    report_figures(terminalreporter, "interop tier figures", FIGURES)
 
 
 class NriNode(Node):
@@ -76,10 +73,7 @@ class NriNode(Node):
 
 @pytest.fixture(scope="session")
 def kit() -> Path:
-    found = find_peers()
-    if found is None:
-        pytest.skip("the peers kit is missing: ../shared/peers/peers-linux-amd64.tar.xz")
-    return found
+    return kit_or_skip()
 
 
 @pytest.fixture(scope="session")

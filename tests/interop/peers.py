@@ -61,6 +61,43 @@ def find_peers(cache: Path | None = None) -> Path | None:
     return cache / "peers" if done.is_file() else None
 
 
+def kit_or_skip() -> Path:
+    """The unpacked kit, or skip the test saying what is missing (the tiers' ``kit``
+    fixture)."""
+    import pytest
+
+    found = find_peers()
+    if found is None:
+        pytest.skip("the peers kit is missing: ../shared/peers/peers-linux-amd64.tar.xz")
+    return found
+
+
+def report_figures(terminalreporter: Any, title: str, figures: dict[str, Any]) -> None:
+    """A tier's figures, one line each, at the end of the run."""
+    if figures:
+        terminalreporter.section(title)
+        for key, value in figures.items():
+            terminalreporter.write_line(f"{key}: {value}")
+
+
+def run_kit_script(
+    kit: Path, name: str, args: list[str], env: dict[str, str], timeout: float = 240
+) -> float:
+    """Run the kit's ``scripts/NAME`` with ``args`` and ``env`` over this process's; the
+    seconds it took. A failure raises with the end of its output."""
+    t0 = time.monotonic()
+    res = subprocess.run(
+        ["bash", str(kit / "scripts" / name), *args],
+        env={**os.environ, "PATH": os.environ.get("PATH", "") + ":/usr/sbin:/sbin", **env},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    if res.returncode != 0:
+        raise RuntimeError(f"{name} failed: {(res.stderr or res.stdout).strip()[-2000:]}")
+    return time.monotonic() - t0
+
+
 class StockCluster(NodeCluster):
     """The node tier's control plane with the list-attribute gate off, as v1.36 clusters
     run it: claims must align across drivers without ``DRAListTypeAttributes``."""
@@ -103,24 +140,14 @@ class Peer:
     ) -> float:
         """Start ``name`` (its script waits for its slices); seconds it took. ``env``: more
         of the script's settings (``MOCK_NVML_CONFIG``)."""
-        t0 = time.monotonic()
-        res = subprocess.run(
-            [
-                "bash",
-                str(self.kit / "scripts" / f"{name}-up.sh"),
-                str(self.cluster.dir),
-                str(self.node_dir),
-                str(self.run_dir),
-                *flags,
-            ],
-            env={**self.env(node_name, fake_sys), **(env or {})},
-            capture_output=True,
-            text=True,
+        args = [str(self.cluster.dir), str(self.node_dir), str(self.run_dir), *flags]
+        return run_kit_script(
+            self.kit,
+            f"{name}-up.sh",
+            args,
+            {**self.env(node_name, fake_sys), **(env or {})},
             timeout=180,
         )
-        if res.returncode != 0:
-            raise RuntimeError(f"{name}-up.sh failed: {res.stderr.strip()[-2000:]}")
-        return time.monotonic() - t0
 
     def down(self, name: str) -> None:
         subprocess.run(
