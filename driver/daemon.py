@@ -309,7 +309,7 @@ class Daemon:
                 if time.monotonic() + delay > deadline or self._stop.is_set():
                     raise StartupError(str(exc)) from exc
                 log.warning("%s; retrying in %.1f s", exc, delay)
-                time.sleep(delay)
+                self._stop.wait(delay)  # a stop asked meanwhile ends the wait
                 delay = min(delay * 2, 5.0)
 
     def start(self) -> None:

@@ -9,10 +9,12 @@ lands while the main thread holds that lock -- and a stop then waited for a disc
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -229,3 +231,66 @@ def test_what_runs_past_the_grace_is_not_waited_for() -> None:
         assert ended.wait(5) and exits == [0]
     finally:
         stop.uninstall()
+
+
+def test_on_stop_runs_once_outside_the_handler_before_the_event() -> None:
+    """``run`` asks its daemon to stop from here: on the watcher's thread (the daemon's
+    request_stop takes a lock), once, before waiters wake."""
+    from toposlice.shutdown import StopSignals
+
+    seen: list[tuple[str, bool]] = []
+    stop: StopSignals
+
+    def on_stop() -> None:
+        seen.append((threading.current_thread().name, stop.event.is_set()))
+
+    stop = StopSignals(grace=60, exit_fn=lambda _s: None, on_stop=on_stop).install()
+    try:
+        signal.raise_signal(signal.SIGTERM)
+        assert stop.event.wait(5)
+        assert seen == [("toposlice-stop", False)]
+    finally:
+        stop.uninstall()
+
+
+def test_sigterm_stops_run_waiting_for_a_hung_api_server(black_hole: int, tmp_path: Path) -> None:
+    """``toposlice run`` at start, its API server accepting and never answering: SIGTERM
+    ends it with 0 within its stop grace, under a pod's 30 s before SIGKILL. (It used to
+    wait for the Node read in flight, up to its 30 s read timeout, after the signal.)"""
+    from toposlice.cmd_run import STOP_GRACE_S
+
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        textwrap.dedent(
+            f"""\
+            apiVersion: v1
+            kind: Config
+            clusters: [{{name: c, cluster: {{server: "http://127.0.0.1:{black_hole}"}}}}]
+            users: [{{name: u, user: {{token: t}}}}]
+            contexts: [{{name: x, context: {{cluster: c, user: u}}}}]
+            current-context: x
+            """
+        )
+    )
+    base = Path(tempfile.mkdtemp(prefix="ts-stop-"))  # short: unix socket paths
+    try:
+        proc = subprocess.Popen(
+            [
+                sys.executable, "-m", "toposlice", "run", "--fake", "cpu-2s",
+                "--node-name", "n1", "--kubeconfig", str(kubeconfig),
+                "--kubelet-registrar-directory-path", str(base / "reg"),
+                "--kubelet-plugins-directory-path", str(base / "plug"),
+                "--cdi-root", str(base / "cdi"), "--state-dir", str(base / "state"),
+                "--startup-timeout", "120",
+            ],
+            cwd=REPO,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        time.sleep(4.0)  # started, its first call to the API server hanging
+        assert proc.poll() is None
+        rc, took, err = _stop(proc, signal.SIGTERM, STOP_GRACE_S + 4.0)
+        assert rc == 0, (took, err)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)

@@ -18,6 +18,10 @@ from toposlice.sources import add_normalize_args, add_source_args, host_root, in
 
 log = logging.getLogger("toposlice.run")
 
+#: Seconds ``run`` may take to stop after SIGTERM/SIGINT before it exits without waiting
+#: for the rest (deregistering, in-flight gRPC calls, threads): under a pod's 30 s grace.
+STOP_GRACE_S = 20.0
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from driver.config import add_driver_args
@@ -76,15 +80,16 @@ def run(args: argparse.Namespace) -> int:
 
     worker = DiscoveryWorker(args, cfg.node_name)
     daemon = Daemon(cfg, inventory_loader(args), snapshotter=worker.snapshot, dot=graph_to_dot)
-    stopped_by: list[int] = []
+    from toposlice.shutdown import StopSignals
 
-    def on_signal(signum: int, _frame: Any) -> None:
-        log.info("signal %d: stopping", signum)
-        stopped_by.append(signum)
+    def on_stop() -> None:  # on the signal watcher's thread, not in the handler
+        log.info("signal %s: stopping", ",".join(str(int(s)) for s in signals.received))
         daemon.request_stop()
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    # A pod gets SIGKILL 30 s after SIGTERM (the default grace): a stop that is still
+    # running STOP_GRACE_S after the signal ends the process itself, with its exit status.
+    signals = StopSignals(grace=STOP_GRACE_S, name="toposlice run", on_stop=on_stop).install()
+    stopped_by = signals.received
     try:
         try:
             daemon.start()

@@ -44,7 +44,12 @@ class StopSignals:
         signals: Iterable[int] = (signal.SIGTERM, signal.SIGINT),
         name: str = "toposlice",
         exit_fn: Callable[[int], Any] = os._exit,
+        on_stop: Callable[[], Any] | None = None,
     ) -> None:
+        """``on_stop``: called once on the watcher thread when the first signal comes,
+        before :attr:`event` is set (a daemon's ``request_stop``: it may take locks, being
+        outside the signal handler)."""
+        self.on_stop = on_stop
         self.grace = grace
         self.signals = tuple(signals)
         self.name = name
@@ -116,6 +121,9 @@ class StopSignals:
         for s in got:
             if s not in self.received:
                 self.received.append(s)
+        if self.on_stop is not None:
+            with contextlib.suppress(Exception):
+                self.on_stop()
         self.event.set()
         again = len(got) > 1  # two signals at once: stop now
         deadline = time.monotonic() + self.grace
