@@ -566,6 +566,7 @@ class Daemon:
     def _neighbour_report(self, report: NormalizationReport) -> None:
         """The other drivers' devices joined to the graph on /v1/topology (attrs.dra): a
         vendor's GPU maps to its vertex as toposlice's own devices do."""
+        report = dataclasses.replace(report, withheld=self._left_to_others())
         self.neighbour_report = report
         if self.http is not None:
             self.http.publish(normalization=report)

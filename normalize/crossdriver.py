@@ -175,6 +175,10 @@ class NormalizationReport:
     not_published: tuple[AttributeDrop, ...] = ()
     """toposlice's own attributes not published as discovered (over an API limit): not
     findings about other drivers, but what a claim author on this node must know."""
+    withheld: frozenset[str] = frozenset()
+    """toposlice's devices left to the other drivers that publish the same hardware
+    (``--duplicates yield``): not published, so no vertex carries toposlice's identity for
+    them (``attrs.dra`` lists only the drivers that do publish it)."""
 
     @property
     def errors(self) -> int:

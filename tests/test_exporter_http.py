@@ -260,3 +260,37 @@ def test_busy_port_fails_at_start(view: View) -> None:
         taken.listen()
         with pytest.raises(OSError):
             HttpServer(f"127.0.0.1:{taken.getsockname()[1]}", view).start()
+
+
+def test_a_gpu_left_to_its_vendor_driver_carries_only_the_vendor_identity() -> None:
+    """``--duplicates yield`` beside NVIDIA's plugin: toposlice does not publish its GPUs,
+    so /v1/topology's GPU vertices name only the plugin's devices; NICs and CPUs keep
+    toposlice's identity."""
+    import dataclasses
+
+    import yaml
+
+    from normalize.crossdriver import normalization_report
+
+    snap = snapshot_of("dgx-h100")
+    path = Path(__file__).parent / "data" / "foreign-slices" / "recorded" / "nvidia-gpu.yaml"
+    slices = [
+        {**s, "spec": {**s["spec"], "nodeName": snap.node_name, "pool": {
+            **s["spec"]["pool"], "name": snap.node_name}}}
+        for s in yaml.safe_load_all(path.read_text()) if s
+    ]  # fmt: skip
+    report = normalization_report(snap, slices)
+    gpus = {n for n in snap.vertex_devices.values() if n.startswith("gpu-")}
+    assert len(gpus) == 8
+    view = View(snap)
+    with HttpServer("127.0.0.1:0", view) as srv:
+        for withheld, drivers in ((frozenset(), 2), (frozenset(gpus), 1)):
+            srv.publish(normalization=dataclasses.replace(report, withheld=withheld))
+            doc = topology(srv)
+            for v in doc["vertices"]:
+                idents = [d["driver"] for d in v["attrs"].get("dra", [])]
+                if v["kind"] == "gpu":
+                    assert len(idents) == drivers and "gpu.nvidia.com" in idents, v["id"]
+                    assert ("toposlice.dev" in idents) == (drivers == 2)
+                elif v["kind"] in ("nic", "cpu_group"):
+                    assert "toposlice.dev" in idents

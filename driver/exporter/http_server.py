@@ -138,7 +138,11 @@ def render(
     norm = Resource.of(_json(report.to_dict()), JSON)
     if snap is None:
         return Rendered(None, report, None, None, None, None, norm)
-    own = snap.vertex_devices if publishes else None
+    own = (
+        {v: name for v, name in snap.vertex_devices.items() if name not in report.withheld}
+        if publishes
+        else None
+    )
     doc = with_dra_identities(snap.graph, own, report.identities())
     inv = snap.inventory.to_dict()
     extra = [w for w in degraded_link_warnings(snap.inventory) if w not in inv["warnings"]]

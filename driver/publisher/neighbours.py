@@ -77,6 +77,10 @@ class NeighbourWatch:
             return self.current
         self.last_error = ""
         drivers = registered_drivers(self.registry_dir) if self.registry_dir else None
+        found = neighbourhood(snap, slices, drivers)
+        changed = found != self.current
+        if changed:  # before the report: its reader asks which devices are left to others
+            self.current = found
         if self.on_report is not None:
             seen = frozenset(
                 (str(m.get("name", "")), str(m.get("resourceVersion", "")))
@@ -85,9 +89,7 @@ class NeighbourWatch:
             if self._reported != (snap, seen):
                 self._reported = (snap, seen)
                 self.on_report(normalization_report(snap, slices, None, drivers))
-        found = neighbourhood(snap, slices, drivers)
-        if found != self.current:
-            self.current = found
+        if changed:
             self.on_change(found)
         return found
 

@@ -16,7 +16,8 @@ What holds on the stock v1.36.2 scheduler (list gate off), on both machines:
   its root where the hardware has one, else on its NUMA node, CPUs on the first GPU's node;
   the pod runs, prepared by both drivers, and toposlice's NCCL file names the vendor's GPUs
   and its NICs by bus id;
-- ``run``'s ``/v1/topology`` and ``serve --observe`` join the plugin's GPUs to their vertices;
+- ``run``'s ``/v1/topology`` and ``serve --observe`` join the plugin's GPUs to their vertices
+  (run's, which yields its GPUs, names the plugin's devices only);
 - ``toposlice doctor``: no error or warning; double publishing reported as an error.
 """
 
@@ -280,6 +281,11 @@ def test_the_graph_joins_the_plugins_gpus_to_their_vertices(vendor: VendorNode) 
         timeout=30,
         what="run's graph to name the plugin's GPUs",
     )
+    # run yields its GPUs to the plugin: their vertices name the plugin's devices only.
+    doc = json.loads(vendor.run.http("/v1/topology"))
+    for v in doc["vertices"]:
+        if v["kind"] == "gpu":
+            assert [d["driver"] for d in v["attrs"]["dra"]] == ["gpu.nvidia.com"], v["id"]
     (port,) = free_ports(1)
     serve = subprocess.Popen(
         [
