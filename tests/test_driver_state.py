@@ -598,3 +598,42 @@ def test_topology_text_reused_across_claims_equals_a_fresh_build(
     text = warm.topo_path("u-b").read_text()
     assert text == cold.topo_path("u-b").read_text()
     assert 'name="claim-u-b"' in text and "u-a" not in text
+
+
+def test_releasing_a_stale_claim_of_the_same_lock_stripe_does_not_hang(
+    tmp_path: Path, reader: FakeClaims, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The claim locks are striped by the UID's hash: the stale claim and the new one may
+    share a stripe (1 in 64, a different 1 in 64 every process). Releasing it then used to
+    take the held lock again and hang the prepare for ever."""
+    import threading
+
+    import driver.kubelet.state as state_mod
+
+    a = reader.add(claim("a", gpus(1)))
+    b = reader.add(claim("b", gpus(1)))
+    state = make_state(tmp_path, reader)
+    one = threading.Lock()
+    monkeypatch.setattr(state, "_claim_lock", lambda _uid: one)  # every claim on one stripe
+    assert state.prepare([ref(a)])["a"].error == ""
+    del reader.claims[("default", "claim-a")]
+    out: dict[str, str] = {}
+    t = threading.Thread(
+        target=lambda: out.update(b=state.prepare([ref(b)])["b"].error), daemon=True
+    )
+    t.start()
+    t.join(10)
+    assert not t.is_alive(), "prepare hung on its own claim lock"
+    assert out == {"b": ""} and set(state.claims()) == {"b"}
+
+    # A stripe another call holds is waited for at most STALE_LOCK_S: then the record
+    # stays and this prepare is refused (the kubelet retries), instead of waiting for ever.
+    c = reader.add(claim("c", gpus(1)))
+    del reader.claims[("default", "claim-b")]
+    monkeypatch.setattr(state_mod, "STALE_LOCK_S", 0.2)
+    busy = threading.Lock()
+    locks = {"b": busy}
+    monkeypatch.setattr(state, "_claim_lock", lambda uid: locks.get(uid, one))
+    with busy:
+        assert "already prepared" in state.prepare([ref(c)])["c"].error
+    assert state.prepare([ref(c)])["c"].error == ""  # free again: released, then prepared

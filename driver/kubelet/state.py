@@ -66,6 +66,8 @@ log = logging.getLogger("driver.state")
 CHECKPOINT_FILE = "checkpoint.json"
 TOPO_DIR = "nccl"
 _LOCK_STRIPES = 64
+#: Seconds a prepare waits for another claim's stripe to release that claim's stale record.
+STALE_LOCK_S = 5.0
 _TOPO_NAME_SLOT = "toposlice-claim-name"
 _TOPO_CACHE_MAX = 256
 _UID = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,126}[A-Za-z0-9])?$")
@@ -514,7 +516,24 @@ class DriverState:
                 rec.uid,
                 uid,
             )
-            self._unprepare_one(ClaimRef(rec.namespace, rec.name, rec.uid))
+            # The caller holds ``uid``'s stripe. The stale claim may hash to the same one
+            # (taking it again would wait for ever: the locks are not re-entrant), or to
+            # one a concurrent prepare holds while it waits for ours: never wait unbounded.
+            lock = self._claim_lock(rec.uid)
+            if lock is self._claim_lock(uid):
+                self._undo(rec)
+            elif lock.acquire(timeout=STALE_LOCK_S):
+                try:
+                    if self._claims.get(rec.uid) is rec:
+                        self._undo(rec)
+                finally:
+                    lock.release()
+            else:
+                log.warning(
+                    "claim %s is busy; leaving its record (this prepare is refused and "
+                    "retried by the kubelet)",
+                    rec.uid,
+                )
 
     def _still_allocated(self, rec: ClaimRecord) -> bool:
         try:
