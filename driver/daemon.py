@@ -64,7 +64,7 @@ if TYPE_CHECKING:
     from driver.publisher.neighbours import NeighbourWatch
     from driver.publisher.node_pods import NodePods
     from driver.publisher.slices import SlicePublisher
-    from driver.publisher.topology_objects import TopologyObjectWriter
+    from driver.publisher.topology_objects import ObjectKind, TopologyObjectWriter
     from normalize.crossdriver import Neighbourhood, NormalizationReport
 
 log = logging.getLogger("toposlice.daemon")
@@ -493,15 +493,20 @@ class Daemon:
             writer.start()
 
     def _pods_changed(self, fingerprint: str) -> None:
-        log.debug("pods fingerprint of node %s: %s", self.cfg.node_name, fingerprint)
-        if self._snap is not None:
-            self._set_topology_objects(self._snap)
+        from driver.publisher.topology_objects import NRT_KIND
 
-    def _set_topology_objects(self, snap: Snapshot) -> None:
+        log.debug("pods fingerprint of node %s: %s", self.cfg.node_name, fingerprint)
+        if self._snap is not None:  # pods change only the NRT: the NodeFeature stays as built
+            self._set_topology_objects(self._snap, only=NRT_KIND)
+
+    def _set_topology_objects(self, snap: Snapshot, only: ObjectKind | None = None) -> None:
+        """Rebuild the objects of ``snap`` (of the one kind ``only``, when given)."""
         from driver.publisher.topology_objects import NRT_KIND
 
         cfg = self.cfg
         for writer in self.topology_writers:
+            if only is not None and writer.kind is not only:
+                continue
             try:
                 if writer.kind is NRT_KIND:
                     from normalize.nrt import build_nrt
