@@ -133,22 +133,28 @@ def black_hole() -> Iterator[int]:
             c.close()
 
 
-def test_sigterm_while_the_api_server_hangs_stops_serve_at_once(
-    black_hole: int, tmp_path: Path
-) -> None:
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(
+def hung_kubeconfig(tmp_path: Path, port: int) -> Path:
+    """A kubeconfig whose API server is the black hole on ``port``."""
+    path = tmp_path / "kubeconfig"
+    path.write_text(
         textwrap.dedent(
             f"""\
             apiVersion: v1
             kind: Config
-            clusters: [{{name: c, cluster: {{server: "http://127.0.0.1:{black_hole}"}}}}]
+            clusters: [{{name: c, cluster: {{server: "http://127.0.0.1:{port}"}}}}]
             users: [{{name: u, user: {{token: t}}}}]
             contexts: [{{name: x, context: {{cluster: c, user: u}}}}]
             current-context: x
             """
         )
     )
+    return path
+
+
+def test_sigterm_while_the_api_server_hangs_stops_serve_at_once(
+    black_hole: int, tmp_path: Path
+) -> None:
+    kubeconfig = hung_kubeconfig(tmp_path, black_hole)
     registry = tmp_path / "registry"
     registry.mkdir()
     proc = _serve(
@@ -259,19 +265,7 @@ def test_sigterm_stops_run_waiting_for_a_hung_api_server(black_hole: int, tmp_pa
     wait for the Node read in flight, up to its 30 s read timeout, after the signal.)"""
     from toposlice.cmd_run import STOP_GRACE_S
 
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(
-        textwrap.dedent(
-            f"""\
-            apiVersion: v1
-            kind: Config
-            clusters: [{{name: c, cluster: {{server: "http://127.0.0.1:{black_hole}"}}}}]
-            users: [{{name: u, user: {{token: t}}}}]
-            contexts: [{{name: x, context: {{cluster: c, user: u}}}}]
-            current-context: x
-            """
-        )
-    )
+    kubeconfig = hung_kubeconfig(tmp_path, black_hole)
     base = Path(tempfile.mkdtemp(prefix="ts-stop-"))  # short: unix socket paths
     try:
         proc = subprocess.Popen(
