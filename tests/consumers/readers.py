@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 
 from tests.e2e.cluster import Cluster, poll
-from tests.e2e.toposlice_setup import NAMESPACE, NodeDriver, chart_objects
+from tests.e2e.toposlice_setup import NAMESPACE, NodeDriver, chart_objects, in_release_namespace
 from tests.interop.peers import run_kit_script
 
 REPO = Path(__file__).resolve().parents[2]
@@ -50,16 +50,6 @@ def clique_machine(base: Path, clique: str, clique_id: int) -> Path:
     path = base / f"gb200-clique-{clique}.yaml"
     path.write_text(text)
     return path
-
-
-def _cluster_scoped(obj: dict[str, Any]) -> bool:
-    return obj["kind"] in (
-        "ClusterRole",
-        "ClusterRoleBinding",
-        "DeviceClass",
-        "NodeFeatureRule",
-        "CustomResourceDefinition",
-    ) or obj["kind"].startswith("ValidatingAdmissionPolicy")
 
 
 @dataclass
@@ -189,10 +179,7 @@ def start_fleet(cluster: Cluster, kit: Path, base: Path) -> Fleet:
         )
         if o["kind"] not in ("DaemonSet", "NodeFeatureRule")
     ]
-    for o in objs:
-        if not _cluster_scoped(o):
-            o["metadata"].setdefault("namespace", NAMESPACE)
-    cluster.apply(objs)
+    cluster.apply(in_release_namespace(objs))
     fleet.chart = objs
     machines: dict[str, str] = {n: "dgx-h100" for n in DGX}
     for i, (clique, nodes) in enumerate(sorted(CLIQUES.items())):

@@ -31,7 +31,14 @@ from normalize.pod_fingerprint import ATTRIBUTE as FINGERPRINT
 from normalize.pod_fingerprint import sign
 from tests.driver_support import snapshot
 from tests.e2e.cluster import Cluster, poll
-from tests.e2e.toposlice_setup import NAMESPACE, NodeDriver, chart_objects, remove_node_and_slices
+from tests.e2e.toposlice_setup import (
+    NAMESPACE,
+    NodeDriver,
+    chart_objects,
+    cluster_scoped,
+    in_release_namespace,
+    remove_node_and_slices,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -42,11 +49,6 @@ MACHINES = ["dgx-h100", "gb200-nvl72-tray", "mi300x-8", "cpu-2s"]
 RESOURCES = {"noderesourcetopologies": "nrt", "nodefeatures": "nodefeature"}
 #: Every verb that changes an object (the driver only ever creates and updates).
 WRITE_VERBS = {"POST", "PUT", "PATCH", "DELETE", "DELETECOLLECTION", "APPLY"}
-CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding", "DeviceClass"}
-
-
-def _cluster_scoped(obj: dict[str, Any]) -> bool:
-    return obj["kind"] in CLUSTER_SCOPED or obj["kind"].startswith("ValidatingAdmissionPolicy")
 
 
 def _crds() -> list[dict[str, Any]]:
@@ -89,10 +91,7 @@ def _chart_objects() -> list[dict[str, Any]]:
         for o in chart_objects(values)
         if o["kind"] not in ("DaemonSet", "CustomResourceDefinition")
     ]
-    for o in objs:
-        if not _cluster_scoped(o):
-            o["metadata"].setdefault("namespace", NAMESPACE)
-    return objs
+    return in_release_namespace(objs)
 
 
 class InventoryDriver(NodeDriver):
@@ -143,7 +142,7 @@ def release(cluster: Cluster, crds: None) -> Iterator[list[dict[str, Any]]]:
         yield objs
     finally:
         for o in objs:
-            if _cluster_scoped(o):
+            if cluster_scoped(o):
                 cluster.kubectl("delete", o["kind"], o["metadata"]["name"], "--ignore-not-found")
         # The token-binding pods have no kubelet to confirm a graceful delete: force them,
         # then wait for the namespace, so a later module can install the chart again.

@@ -51,6 +51,29 @@ def chart_objects(values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     return objs
 
 
+#: Kinds the chart renders that are cluster scoped (the rest get the release namespace).
+CLUSTER_SCOPED = {
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "CustomResourceDefinition",
+    "DeviceClass",
+    "NodeFeatureRule",
+}
+
+
+def cluster_scoped(obj: dict[str, Any]) -> bool:
+    return obj["kind"] in CLUSTER_SCOPED or obj["kind"].startswith("ValidatingAdmissionPolicy")
+
+
+def in_release_namespace(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``objs`` with the release namespace set on each namespaced one (Helm does that at
+    install; a rendered chart leaves it out)."""
+    for o in objs:
+        if not cluster_scoped(o):
+            o["metadata"].setdefault("namespace", NAMESPACE)
+    return objs
+
+
 def _namespace_phase(cluster: Cluster, name: str) -> str | None:
     out = cluster.kubectl("get", "namespace", name, "-o", "json", "--ignore-not-found")
     return str(json.loads(out)["status"]["phase"]) if out.strip() else None
@@ -65,12 +88,7 @@ def install(cluster: Cluster) -> list[dict[str, Any]]:
         0.25,
         f"namespace {NAMESPACE} deleted",
     )
-    objs = [o for o in chart_objects() if o["kind"] != "DaemonSet"]
-    for o in objs:
-        if o["kind"] not in ("DeviceClass", "ClusterRole", "ClusterRoleBinding") and not o[
-            "kind"
-        ].startswith("ValidatingAdmissionPolicy"):
-            o["metadata"].setdefault("namespace", NAMESPACE)
+    objs = in_release_namespace([o for o in chart_objects() if o["kind"] != "DaemonSet"])
     cluster.apply([{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}])
     cluster.apply(objs)
     return objs
@@ -81,9 +99,7 @@ def uninstall(cluster: Cluster, objs: list[dict[str, Any]]) -> None:
     go: the identity pods (no kubelet will ever confirm their end) are force-deleted."""
     cluster.kubectl("-n", NAMESPACE, "delete", "pod", "--all", "--force", "--grace-period=0")
     for o in objs:
-        if o["kind"] in ("DeviceClass", "ClusterRole", "ClusterRoleBinding") or o[
-            "kind"
-        ].startswith("ValidatingAdmissionPolicy"):
+        if cluster_scoped(o):
             cluster.kubectl("delete", o["kind"], o["metadata"]["name"], "--ignore-not-found")
     cluster.kubectl("delete", "namespace", NAMESPACE, "--ignore-not-found", "--timeout=120s")
 
